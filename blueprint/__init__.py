@@ -1,0 +1,23 @@
+"""blueprint-nn: define a whole convolutional network as one immutable value, plan it, train it.
+
+>>> from blueprint import seq, conv, bn, relu, gap, fc, BluePrint
+>>> bp = BluePrint(seq(conv(16, 3, 1, 1), bn(), relu(), gap(), fc(10)))
+>>> print(bp.root)
+seq(conv(16, 3, 1, 1), bn(), relu(), gap(), fc(10))
+"""
+from blueprint._factories import (
+    add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc, flatten, gap, gap_fc,
+    gelu, group_conv, hardswish, identity, leaky_relu, maxpool, mbconv, named, relu, relu6, repeat, seq, sigmoid,
+    silu, tanh,
+)
+from blueprint._layer import BlockStyle, BluePrint, Kind, Layer, map_layers
+from blueprint import zoo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockStyle", "BluePrint", "Kind", "Layer", "map_layers", "zoo",
+    "add2", "avgpool", "block", "bn", "cbr", "cbrp", "channel_padding", "conv", "conv_dw", "dropout", "fc",
+    "flatten", "gap", "gap_fc", "gelu", "group_conv", "hardswish", "identity", "leaky_relu", "maxpool", "mbconv",
+    "named", "relu", "relu6", "repeat", "seq", "sigmoid", "silu", "tanh",
+]

@@ -1,0 +1,3 @@
+from blueprint._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,383 @@
+"""The DSL factories. Each validates its arguments when called and returns a frozen `Layer`.
+
+Errors name the factory and the argument: `conv(): kernel must be a positive int, got 0`.
+`layer_code` is the inverse: it prints the factory call that rebuilds a layer.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+
+from blueprint._layer import (
+    BlockParams, BlockStyle, BnParams, CbrParams, CbrpParams, ChannelPaddingParams,
+    ConvParams, DepthwiseParams, DropoutParams, FcParams, GroupConvParams, Kind, Layer,
+    MbconvParams, NameParams, PoolParams, RepeatParams, SlopeParams,
+)
+
+
+# ---- argument checks ---------------------------------------------------------------------
+def _int(factory: str, name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise TypeError(f"{factory}(): {name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{factory}(): {name} must be {what}, got {value}")
+    return int(value)
+
+
+def _float(factory: str, name: str, value, low: float, high: float, high_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        raise TypeError(f"{factory}(): {name} must be a finite float, got {value!r}")
+    inside = low <= value < high if high_open else low <= value <= high
+    if not inside:
+        bracket = ")" if high_open else "]"
+        raise ValueError(f"{factory}(): {name} must be in [{low}, {high}{bracket}, got {value}")
+    return float(value)
+
+
+def _bool(factory: str, name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{factory}(): {name} must be a bool, got {value!r}")
+    return value
+
+
+def _window(factory: str, kernel, stride, padding, prefix: str = "") -> tuple[int, int, int]:
+    k = _int(factory, prefix + "k", kernel, 1)
+    s = _int(factory, prefix + "s", stride, 1)
+    p = _int(factory, prefix + "p", padding, 0)
+    if p >= k:
+        raise ValueError(f"{factory}(): padding {prefix}p={p} must be smaller than the kernel {prefix}k={k}")
+    return k, s, p
+
+
+def _layer(factory: str, name: str, value) -> Layer:
+    if not isinstance(value, Layer):
+        raise TypeError(f"{factory}(): {name} must be a Layer (built by a factory), "
+                        f"got {type(value).__name__} {value!r}")
+    return value
+
+
+def _momentum_eps(factory: str, momentum, eps) -> tuple[float, float]:
+    momentum = _float(factory, "momentum", momentum, 0.0, 1.0, high_open=False)
+    eps = _float(factory, "eps", eps, 0.0, math.inf)
+    if eps == 0.0:
+        raise ValueError(f"{factory}(): eps must be > 0, got {eps}")
+    return momentum, eps
+
+
+# ---- composition -------------------------------------------------------------------------
+def _flatten_args(factory: str, items) -> list[Layer]:
+    out: list[Layer] = []
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            out.extend(_flatten_args(factory, item))
+        else:
+            out.append(_layer(factory, f"layer #{len(out)}", item))
+    return out
+
+
+def seq(*layers) -> Layer:
+    """Sequential composition; nested lists/tuples of layers are flattened.
+
+    >>> seq(conv(16, 3, 1, 1), [bn(), relu()])
+    seq(conv(16, 3, 1, 1), bn(), relu())
+    """
+    children = _flatten_args("seq", layers)
+    if not children:
+        raise ValueError("seq(): needs at least one layer, got none")
+    return Layer(Kind.SEQ, None, tuple(children))
+
+
+def add2(lhs, rhs) -> Layer:
+    """Residual sum `lhs + rhs`; `lhs` is the shortcut, `rhs` the main branch.
+
+    >>> add2(identity(), seq(conv(16, 3, 1, 1), bn()))
+    add2(identity(), seq(conv(16, 3, 1, 1), bn()))
+    """
+    return Layer(Kind.ADD2, None, (_layer("add2", "lhs", lhs), _layer("add2", "rhs", rhs)))
+
+
+def repeat(body, times) -> Layer:
+    """`times` copies of `body` in sequence (stored once).
+
+    >>> repeat(block(16, BlockStyle.RESNET_3_3), 3)
+    repeat(block(16, BlockStyle.RESNET_3_3), 3)
+    """
+    return Layer(Kind.REPEAT, RepeatParams(_int("repeat", "times", times, 1)), (_layer("repeat", "body", body),))
+
+
+def named(name, body) -> Layer:
+    """A naming scope: parameters inside are called `name.…` (torchvision-style keys).
+
+    >>> named("layer1", seq(block(64, BlockStyle.RESNET_3_3)))
+    named('layer1', seq(block(64, BlockStyle.RESNET_3_3)))
+    """
+    if not isinstance(name, str) or not name or not all(part.isidentifier() or part.isdigit() for part in name.split(".")):
+        raise ValueError(f"named(): name must be a non-empty dotted identifier like 'layer1', got {name!r}")
+    return Layer(Kind.NAMED, NameParams(name), (_layer("named", "body", body),))
+
+
+def identity() -> Layer:
+    """Pass-through, used as a shortcut in `add2`."""
+    return Layer(Kind.IDENTITY)
+
+
+# ---- convolutions ------------------------------------------------------------------------
+def conv(out_ch, k, s=1, p=0) -> Layer:
+    """2-D convolution, square kernel, no bias (a BN follows).
+
+    >>> conv(64, 7, 2, 3)
+    conv(64, 7, 2, 3)
+    """
+    out_ch = _int("conv", "out_ch", out_ch, 1)
+    return Layer(Kind.CONV, ConvParams(out_ch, *_window("conv", k, s, p)))
+
+
+def conv_dw(k, s=1, p=0) -> Layer:
+    """Depthwise convolution: groups = channels, out channels = in channels.
+
+    >>> conv_dw(3, 1, 1)
+    conv_dw(3, 1, 1)
+    """
+    return Layer(Kind.CONV_DW, DepthwiseParams(*_window("conv_dw", k, s, p)))
+
+
+def group_conv(out_ch, groups, k, s=1, p=0) -> Layer:
+    """Grouped convolution; in and out channels must both divide by `groups`.
+
+    >>> group_conv(64, 4, 3, 1, 1)
+    group_conv(64, 4, 3, 1, 1)
+    """
+    out_ch = _int("group_conv", "out_ch", out_ch, 1)
+    groups = _int("group_conv", "groups", groups, 1)
+    if out_ch % groups:
+        raise ValueError(f"group_conv(): out_ch={out_ch} must be a multiple of groups={groups}")
+    return Layer(Kind.GROUP_CONV, GroupConvParams(out_ch, groups, *_window("group_conv", k, s, p)))
+
+
+# ---- normalisation, activations, regularisation -----------------------------------------
+def bn(momentum=0.1, eps=1e-5) -> Layer:
+    """Batch norm; 2-D after a convolution, 1-D after fc/flatten/gap (decided by the planner).
+
+    >>> bn()
+    bn()
+    """
+    return Layer(Kind.BN, BnParams(*_momentum_eps("bn", momentum, eps)))
+
+
+def relu() -> Layer:
+    return Layer(Kind.RELU)
+
+
+def relu6() -> Layer:
+    return Layer(Kind.RELU6)
+
+
+def leaky_relu(slope=0.01) -> Layer:
+    """LeakyReLU with negative-side `slope` (0 <= slope < 1)."""
+    return Layer(Kind.LEAKY_RELU, SlopeParams(_float("leaky_relu", "slope", slope, 0.0, 1.0)))
+
+
+def sigmoid() -> Layer:
+    return Layer(Kind.SIGMOID)
+
+
+def tanh() -> Layer:
+    return Layer(Kind.TANH)
+
+
+def silu() -> Layer:
+    return Layer(Kind.SILU)
+
+
+def hardswish() -> Layer:
+    return Layer(Kind.HARDSWISH)
+
+
+def gelu() -> Layer:
+    """GELU, exact erf form (PyTorch's default)."""
+    return Layer(Kind.GELU)
+
+
+def dropout(p) -> Layer:
+    """Inverted dropout with drop probability `0 <= p < 1`.
+
+    >>> dropout(0.2)
+    dropout(0.2)
+    """
+    return Layer(Kind.DROPOUT, DropoutParams(_float("dropout", "p", p, 0.0, 1.0)))
+
+
+def flatten() -> Layer:
+    """NHWC -> (N, H*W*C)."""
+    return Layer(Kind.FLATTEN)
+
+
+def fc(out, bias=True) -> Layer:
+    """Fully connected layer; a 4-D input is flattened implicitly.
+
+    >>> fc(10)
+    fc(10)
+    """
+    return Layer(Kind.FC, FcParams(_int("fc", "out", out, 1), _bool("fc", "bias", bias)))
+
+
+# ---- pooling -----------------------------------------------------------------------------
+def maxpool(k, s, p=0) -> Layer:
+    """Max pooling, square window (padding counts as -inf).
+
+    >>> maxpool(3, 2, 1)
+    maxpool(3, 2, 1)
+    """
+    return Layer(Kind.MAXPOOL, PoolParams(*_window("maxpool", k, s, p)))
+
+
+def avgpool(k, s, p=0) -> Layer:
+    """Average pooling, square window (padding counts as zeros, PyTorch's default)."""
+    return Layer(Kind.AVGPOOL, PoolParams(*_window("avgpool", k, s, p)))
+
+
+def gap() -> Layer:
+    """Global average pooling: NHWC -> (N, C)."""
+    return Layer(Kind.GAP)
+
+
+def channel_padding(multiple=8) -> Layer:
+    """Zero-pad the channel dimension up to a multiple of `multiple`."""
+    return Layer(Kind.CHANNEL_PADDING, ChannelPaddingParams(_int("channel_padding", "multiple", multiple, 1)))
+
+
+# ---- fusion-intent nodes -----------------------------------------------------------------
+def cbr(out_ch, k, s, p, momentum=0.1, eps=1e-5) -> Layer:
+    """Conv + BN + ReLU as one node (fused under `fuse=True`).
+
+    >>> cbr(32, 3, 1, 1)
+    cbr(32, 3, 1, 1)
+    """
+    out_ch = _int("cbr", "out_ch", out_ch, 1)
+    k, s, p = _window("cbr", k, s, p)
+    return Layer(Kind.CBR, CbrParams(out_ch, k, s, p, *_momentum_eps("cbr", momentum, eps)))
+
+
+def cbrp(out_ch, conv_k, conv_s, conv_p, pool_k, pool_s, pool_p) -> Layer:
+    """CBR followed by max pooling.
+
+    >>> cbrp(32, 3, 1, 1, 2, 2, 0)
+    cbrp(32, 3, 1, 1, 2, 2, 0)
+    """
+    out_ch = _int("cbrp", "out_ch", out_ch, 1)
+    conv_window = _window("cbrp", conv_k, conv_s, conv_p, prefix="conv_")
+    pool_window = _window("cbrp", pool_k, pool_s, pool_p, prefix="pool_")
+    return Layer(Kind.CBRP, CbrpParams(out_ch, *conv_window, *pool_window))
+
+
+def gap_fc(out, bias=True) -> Layer:
+    """Global average pooling + fully connected as one node."""
+    return Layer(Kind.GAP_FC, FcParams(_int("gap_fc", "out", out, 1), _bool("gap_fc", "bias", bias)))
+
+
+def block(*args) -> Layer:
+    """A ResNet block. `block(mid_ch, out_ch, BlockStyle.RESNET_1_3_1[_DS])` is the v1.5
+    bottleneck, `block(out_ch, BlockStyle.RESNET_3_3[_DS])` the basic block. The shortcut is
+    a projection (1x1 conv + BN) iff the stride is not 1 or in != out channels, else identity.
+
+    >>> block(64, 256, BlockStyle.RESNET_1_3_1)
+    block(64, 256, BlockStyle.RESNET_1_3_1)
+    >>> block(128, BlockStyle.RESNET_3_3_DS)
+    block(128, BlockStyle.RESNET_3_3_DS)
+    """
+    if not args or not isinstance(args[-1], BlockStyle):
+        raise TypeError(f"block(): the last argument must be a BlockStyle, got {args!r}")
+    style = args[-1]
+    channels = args[:-1]
+    expected = 2 if style.bottleneck else 1
+    if len(channels) != expected:
+        form = "block(mid_ch, out_ch, style)" if style.bottleneck else "block(out_ch, style)"
+        raise TypeError(f"block(): {style!r} takes {expected} channel argument(s) as {form}, got {len(channels)}")
+    if style.bottleneck:
+        mid = _int("block", "mid_ch", channels[0], 1)
+        out = _int("block", "out_ch", channels[1], 1)
+    else:
+        mid, out = None, _int("block", "out_ch", channels[0], 1)
+    return Layer(Kind.BLOCK, BlockParams(style, mid, out))
+
+
+def mbconv(expand_ratio, out_ch, stride, k=3) -> Layer:
+    """MobileNetV2 inverted residual: 1x1 expand (omitted when the ratio is 1) + BN + ReLU6,
+    k x k depthwise + BN + ReLU6, 1x1 project + BN; identity shortcut iff stride 1 and in = out.
+
+    >>> mbconv(6, 24, 2)
+    mbconv(6, 24, 2)
+    """
+    ratio = _int("mbconv", "expand_ratio", expand_ratio, 1)
+    out = _int("mbconv", "out_ch", out_ch, 1)
+    stride = _int("mbconv", "stride", stride, 1)
+    if stride not in (1, 2):
+        raise ValueError(f"mbconv(): stride must be 1 or 2, got {stride}")
+    kernel = _int("mbconv", "k", k, 1)
+    if kernel % 2 == 0:
+        raise ValueError(f"mbconv(): k must be odd (padding is (k-1)/2), got {kernel}")
+    return Layer(Kind.MBCONV, MbconvParams(ratio, out, stride, kernel))
+
+
+# ---- printing ----------------------------------------------------------------------------
+_DEFAULT_BN = BnParams(0.1, 1e-5)
+
+
+def _args(layer: Layer) -> list[str]:
+    p = layer.params
+    kind = layer.kind
+    if kind in (Kind.CONV,):
+        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)]
+    if kind is Kind.CONV_DW:
+        return [str(p.kernel), str(p.stride), str(p.padding)]
+    if kind is Kind.GROUP_CONV:
+        return [str(p.out_channels), str(p.groups), str(p.kernel), str(p.stride), str(p.padding)]
+    if kind in (Kind.MAXPOOL, Kind.AVGPOOL):
+        return [str(p.kernel), str(p.stride), str(p.padding)]
+    if kind is Kind.BN:
+        return [] if p == _DEFAULT_BN else [repr(p.momentum), repr(p.eps)]
+    if kind is Kind.LEAKY_RELU:
+        return [repr(p.slope)]
+    if kind is Kind.DROPOUT:
+        return [repr(p.p)]
+    if kind in (Kind.FC, Kind.GAP_FC):
+        return [str(p.out_features)] + ([] if p.bias else ["False"])
+    if kind is Kind.CHANNEL_PADDING:
+        return [str(p.multiple)]
+    if kind is Kind.CBR:
+        extra = [] if (p.momentum, p.eps) == (0.1, 1e-5) else [repr(p.momentum), repr(p.eps)]
+        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)] + extra
+    if kind is Kind.CBRP:
+        return [str(v) for v in (p.out_channels, p.conv_kernel, p.conv_stride, p.conv_padding,
+                                 p.pool_kernel, p.pool_stride, p.pool_padding)]
+    if kind is Kind.BLOCK:
+        channels = [] if p.mid_channels is None else [str(p.mid_channels)]
+        return channels + [str(p.out_channels), repr(p.style)]
+    if kind is Kind.MBCONV:
+        return [str(p.expand_ratio), str(p.out_channels), str(p.stride)] + ([] if p.kernel == 3 else [str(p.kernel)])
+    if kind is Kind.REPEAT:
+        return [str(p.times)]
+    if kind is Kind.NAMED:
+        return [repr(p.name)]
+    return []
+
+
+def layer_code(layer: Layer) -> str:
+    """DSL code that rebuilds `layer`: `eval(layer_code(x)) == x` with `from blueprint import *`."""
+    if layer.kind in (Kind.SEQ, Kind.ADD2):
+        return f"{layer.kind.value}({', '.join(layer_code(c) for c in layer.children)})"
+    if layer.kind is Kind.REPEAT:
+        return f"repeat({layer_code(layer.children[0])}, {layer.params.times})"
+    if layer.kind is Kind.NAMED:
+        return f"named({layer.params.name!r}, {layer_code(layer.children[0])})"
+    return f"{layer.kind.value}({', '.join(_args(layer))})"
+
+
+def layer_head(layer: Layer) -> str:
+    """One line for `pretty()`: containers print their kind, leaves their full code."""
+    if layer.kind in (Kind.SEQ, Kind.ADD2):
+        return layer.kind.value
+    if layer.kind in (Kind.REPEAT, Kind.NAMED):
+        return f"{layer.kind.value}({', '.join(_args(layer))})"
+    return layer_code(layer)

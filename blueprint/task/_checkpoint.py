@@ -1,0 +1,146 @@
+"""Checkpoint files: one ``.safetensors`` file with every tensor and a JSON training state.
+
+The state is stored as JSON text in the safetensors metadata under ``blueprint_state``
+(next to ``blueprint_format``). Allowed state values:
+
+- ``None``, ``bool``, ``str``, ``float`` (NaN and ±inf are written as Python's JSON
+  extensions ``NaN`` / ``Infinity`` and read back), ``int`` of any size (JSON integers are
+  exact in Python, so a 128-bit PCG64 state survives);
+- ``list`` / ``tuple`` (read back as lists) and ``dict`` with ``str`` keys
+  (``np.random.Generator(...).bit_generator.state`` is such a dict);
+- numpy scalars (read back as the Python number) and ``np.ndarray`` (read back exactly,
+  dtype and shape included, as ``{"__ndarray__": ...}`` with base64 bytes).
+
+Saving is atomic: the bytes go to a temporary file in the target's folder, which is
+flushed, fsync'ed and then ``os.replace``d over the target, so an interrupted save leaves
+the previous checkpoint untouched; the temporary file is removed if the save fails.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save as safetensors_bytes
+
+STATE_KEY = "blueprint_state"
+FORMAT_KEY = "blueprint_format"
+FORMAT_VERSION = "1"
+ARRAY_MARK = "__ndarray__"
+CHECKPOINT_MODE = 0o644
+
+
+def _encode(value, where: str):
+    if value is None or isinstance(value, (bool, str, int, float)):
+        return value
+    if isinstance(value, np.generic) and not isinstance(value, np.void):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject or value.dtype.fields is not None:
+            raise TypeError(f"checkpoint state {where}: arrays of dtype {value.dtype} cannot be stored; "
+                            "use a numeric or bool dtype.")
+        data = np.require(value, requirements="C")  # keeps 0-d arrays 0-d
+        return {ARRAY_MARK: base64.b64encode(data.tobytes()).decode("ascii"),
+                "dtype": data.dtype.str, "shape": list(data.shape)}
+    if isinstance(value, (list, tuple)):
+        return [_encode(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        if ARRAY_MARK in value:
+            raise ValueError(f"checkpoint state {where}: the key {ARRAY_MARK!r} is reserved for arrays; rename it.")
+        encoded = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"checkpoint state {where}: dict keys must be str; found {type(key).__name__} "
+                                f"{key!r}. Convert keys with str().")
+            encoded[key] = _encode(item, f"{where}[{key!r}]")
+        return encoded
+    raise TypeError(f"checkpoint state {where}: {type(value).__name__} is not storable; use None, bool, int, "
+                    "float, str, list, tuple, dict with str keys, numpy scalars or numpy arrays.")
+
+
+def _decode(value):
+    if isinstance(value, list):
+        return [_decode(item) for item in value]
+    if isinstance(value, dict):
+        if ARRAY_MARK in value:
+            raw = base64.b64decode(value[ARRAY_MARK])
+            return np.frombuffer(raw, dtype=np.dtype(value["dtype"])).reshape(tuple(value["shape"])).copy()
+        return {key: _decode(item) for key, item in value.items()}
+    return value
+
+
+def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
+    """Write ``tensors`` and ``state`` atomically to the ``.safetensors`` file ``path``.
+
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "run.safetensors")
+    >>> save_checkpoint(path, {"model.w": np.ones((2, 3), np.float32)}, {"epoch": 4, "seed": 2**100})
+    >>> tensors, state = load_checkpoint(path)
+    >>> tensors["model.w"].shape, state
+    ((2, 3), {'epoch': 4, 'seed': 1267650600228229401496703205376})
+    """
+    path = Path(path)
+    if not isinstance(state, dict):
+        raise TypeError(f"save_checkpoint expects state as a dict; found {type(state).__name__}.")
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not isinstance(tensor, np.ndarray):
+            raise TypeError(f"save_checkpoint expects tensors as {{str: np.ndarray}}; found {name!r}: "
+                            f"{type(tensor).__name__}.")
+    metadata = {STATE_KEY: json.dumps(_encode(state, "state")), FORMAT_KEY: FORMAT_VERSION}
+    contiguous = {name: np.require(t, requirements="C") for name, t in tensors.items()}
+    payload = safetensors_bytes(contiguous, metadata=metadata)
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"save_checkpoint: folder {folder} for {path.name} does not exist; create it first.")
+    descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, CHECKPOINT_MODE)  # mkstemp makes 0600; a checkpoint is an ordinary file
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
+    """Read a file written by :func:`save_checkpoint`: ``(tensors, state)``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist. Check the path, or train first to create it.")
+    try:
+        with safe_open(str(path), framework="np") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file "
+                         f"({error}).") from error
+    if STATE_KEY not in metadata:
+        raise ValueError(f"{path} is a safetensors file but not a blueprint checkpoint: its metadata has no "
+                         f"{STATE_KEY!r} entry (found keys {sorted(metadata)}). Was it written by save_checkpoint?")
+    if metadata.get(FORMAT_KEY) != FORMAT_VERSION:
+        raise ValueError(f"{path} has checkpoint format {metadata.get(FORMAT_KEY)!r}; this version reads "
+                         f"format {FORMAT_VERSION!r}.")
+    return tensors, _decode(json.loads(metadata[STATE_KEY]))

@@ -1,0 +1,101 @@
+"""ArrayDataset: images (NHWC) and integer labels held in memory, validated once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+IMAGE_DTYPES = (np.uint8, np.float32)
+UINT8_SCALE = 255.0  # uint8 pixels are divided by this before mean/std normalisation
+STATS_CHUNK = 4096   # samples per chunk in channel_stats(): never a float copy of the whole set
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ArrayDataset:
+    """``x``: images ``(N, H, W, C)`` uint8 or float32; ``y``: labels ``(N,)``, integers >= 0.
+
+    ``num_classes`` defaults to ``max(y) + 1``. Both arrays are kept as read-only views
+    (labels converted to int64); the caller's arrays are not modified. Equality is identity.
+
+    >>> import numpy as np
+    >>> ds = ArrayDataset(np.zeros((6, 4, 4, 3), np.uint8), np.array([0, 1, 2, 0, 1, 2]), name="toy")
+    >>> len(ds), ds.sample_shape, ds.num_classes
+    (6, (4, 4, 3), 3)
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    name: str = ""
+    num_classes: int | None = None
+
+    def __post_init__(self):
+        where = f"ArrayDataset({self.name!r})"
+        x, y = self.x, self.y
+        if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+            raise TypeError(f"{where} expects numpy arrays for x and y; found {type(x).__name__}, {type(y).__name__}.")
+        if x.ndim != 4:
+            hint = (" For an MLP on (N, F) features reshape them to (N, 1, 1, F) yourself."
+                    if x.ndim == 2 else " Add the missing axes, e.g. x[..., None] for (N, H, W) grey images.")
+            raise ValueError(f"{where} expects x of shape (N, H, W, C) (NHWC); found shape {x.shape}.{hint}")
+        if x.dtype not in IMAGE_DTYPES:
+            raise TypeError(f"{where} expects x of dtype uint8 or float32; found {x.dtype}. "
+                            "Convert with x.astype(np.float32) (or np.uint8 for 0..255 pixels).")
+        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+            raise TypeError(f"{where} expects y as a 1-D integer array of labels; found shape {y.shape}, "
+                            f"dtype {y.dtype}. Pass class indices, e.g. y.astype(np.int64), not one-hot rows.")
+        if len(y) != len(x):
+            raise ValueError(f"{where} expects one label per image; found {len(x)} images and {len(y)} labels.")
+        if len(y) and y.min() < 0:
+            raise ValueError(f"{where} expects labels >= 0; found {int(y.min())} at index {int(np.argmin(y))}.")
+        largest = int(y.max()) if len(y) else -1
+        num_classes = largest + 1 if self.num_classes is None else self.num_classes
+        if num_classes <= largest or num_classes < 1:
+            raise ValueError(f"{where} was given num_classes={self.num_classes} but found label {largest}; "
+                             f"pass num_classes >= {largest + 1} or leave it None.")
+        x = np.ascontiguousarray(x).view()
+        y = np.ascontiguousarray(y, dtype=np.int64).view()
+        x.flags.writeable = False
+        y.flags.writeable = False
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "y", y)
+        object.__setattr__(self, "num_classes", int(num_classes))
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __repr__(self) -> str:
+        return (f"ArrayDataset(name={self.name!r}, n={len(self)}, sample_shape={self.sample_shape}, "
+                f"dtype={self.x.dtype}, num_classes={self.num_classes})")
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x.shape[1:])
+
+    def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and (population) std, in the units the DataLoader normalises.
+
+        uint8 images are measured after dividing by 255, so the result can be passed as
+        ``DataLoader(..., mean=mean, std=std)`` directly.
+
+        >>> import numpy as np
+        >>> x = np.array([0, 255], np.uint8).reshape(2, 1, 1, 1)
+        >>> ArrayDataset(x, np.array([0, 1])).channel_stats()
+        ((0.5,), (0.5,))
+        """
+        if len(self) == 0:
+            raise ValueError(f"ArrayDataset({self.name!r}).channel_stats() needs at least one image; found none.")
+        channels = self.x.shape[-1]
+        # Sums are taken around the first image's mean so that E[d^2] - E[d]^2 does not cancel.
+        shift = self.x[0].reshape(-1, channels).mean(axis=0, dtype=np.float64)
+        total = np.zeros(channels)
+        total_sq = np.zeros(channels)
+        for start in range(0, len(self), STATS_CHUNK):
+            chunk = self.x[start:start + STATS_CHUNK].reshape(-1, channels).astype(np.float64) - shift
+            total += chunk.sum(axis=0)
+            total_sq += np.square(chunk).sum(axis=0)
+        count = len(self) * self.x.shape[1] * self.x.shape[2]
+        scale = UINT8_SCALE if self.x.dtype == np.uint8 else 1.0
+        mean_shifted = total / count
+        var = np.maximum(total_sq / count - mean_shifted * mean_shifted, 0.0)
+        mean = mean_shifted + shift
+        return (tuple(float(m) for m in mean / scale), tuple(float(s) for s in np.sqrt(var) / scale))

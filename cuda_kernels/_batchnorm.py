@@ -1,0 +1,182 @@
+"""Batch normalisation on the 2-D view ``(M, C)`` of an fp16 activation; statistics fp32.
+
+Training forward is three steps, so that a convolution can do the first one in its
+epilogue (DESIGN.md §5):
+1. statistics: per-channel sum and sum of squares, accumulated with atomics into
+   ``save_mean`` / ``save_invstd`` (used as accumulators, zeroed first);
+2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
+   updates the running statistics (biased variance normalises, unbiased one is tracked);
+3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU), elementwise.
+Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``.
+The variance is ``E[x^2] - mean^2`` in fp32 (clamped at 0): fine for activations whose
+mean is not large against their spread.
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from ._elementwise import fill_zero
+from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, grid_1d, kernel, nbt
+
+f16, f32 = nbt.float16, nbt.float32
+COLS, ROWS = 32, 8                       # reduction block: 32 channels x 8 row lanes
+TARGET_BLOCKS = 4 if SIMULATOR else 528  # about 4 blocks per SM on an H200 (132 SMs)
+
+
+@cuda.jit(device=True)
+def _reduce_rows_and_add(s1, s2, a, b, out1, out2, c, tx, ty):
+    """Sum the ROWS lanes of the block in shared memory and add the totals to ``out[c]``."""
+    s1[ty, tx] = a
+    s2[ty, tx] = b
+    cuda.syncthreads()
+    if ty == 0:
+        for r in range(1, ROWS):
+            a += s1[r, tx]
+            b += s2[r, tx]
+        if c < out1.size:
+            cuda.atomic.add(out1, c, a)
+            cuda.atomic.add(out2, c, b)
+
+
+@kernel("batchnorm_stats", (H1, F1, F1, I32, I32))
+def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
+    s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c = cuda.blockIdx.x * COLS + tx
+    rows = x.size // channels
+    a, b = ZERO, ZERO
+    if c < channels:
+        stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
+        for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
+            v = f32(x[r * channels + c])
+            a += v
+            b += v * v
+    _reduce_rows_and_add(s1, s2, a, b, sums, sumsq, c, tx, ty)
+
+
+@kernel("batchnorm_finalize", (F1, F1, F1, F1, I32, F32, F32))
+def _batchnorm_finalize(sum_to_mean, sumsq_to_invstd, running_mean, running_var, count, momentum, eps):
+    c = cuda.grid(1)
+    if c < sum_to_mean.size:
+        n = f32(count)
+        mean = sum_to_mean[c] / n
+        var = max(sumsq_to_invstd[c] / n - mean * mean, ZERO)
+        sum_to_mean[c] = mean
+        sumsq_to_invstd[c] = ONE / math.sqrt(var + eps)
+        unbiased = var * (n / max(n - ONE, ONE))
+        running_mean[c] = (ONE - momentum) * running_mean[c] + momentum * mean
+        running_var[c] = (ONE - momentum) * running_var[c] + momentum * unbiased
+
+
+@cuda.jit(device=True)
+def _normalise(x, i, c, mean, spread, gamma, beta, spread_is_var, eps):
+    invstd = ONE / math.sqrt(spread[c] + eps) if spread_is_var else spread[c]
+    return (f32(x[i]) - mean[c]) * invstd * gamma[c] + beta[c]
+
+
+_APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32)
+
+
+@kernel("batchnorm_apply", _APPLY)
+def _batchnorm_apply(x, mean, spread, gamma, beta, y, channels, relu, spread_is_var, eps):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = _normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps)
+        y[i] = f16(max(v, ZERO) if relu else v)
+
+
+@kernel("batchnorm_apply_residual", _APPLY[:5] + (H1,) + _APPLY[5:])
+def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channels, relu, spread_is_var, eps):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        v = _normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps) + f32(residual[i])
+        y[i] = f16(max(v, ZERO) if relu else v)
+
+
+@kernel("batchnorm_backward_reduce", (H1, H1, F1, F1, F1, F1, I32, I32))
+def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, rows_per_block):
+    s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    c = cuda.blockIdx.x * COLS + tx
+    rows = x.size // channels
+    a, b = ZERO, ZERO
+    if c < channels:
+        m, s = mean[c], invstd[c]
+        stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
+        for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
+            g = f32(dy[r * channels + c])
+            a += g
+            b += g * (f32(x[r * channels + c]) - m) * s
+    _reduce_rows_and_add(s1, s2, a, b, dbeta, dgamma, c, tx, ty)
+
+
+@kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32))
+def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate):
+    inv_rows = ONE / f32(x.size // channels)
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        c = i % channels
+        xhat = (f32(x[i]) - mean[c]) * invstd[c]
+        v = gamma[c] * invstd[c] * (f32(dy[i]) - (dbeta[c] + xhat * dgamma[c]) * inv_rows)
+        if accumulate:
+            v += f32(dx[i])
+        dx[i] = f16(v)
+
+
+def _flat(a):
+    return a.reshape(a.size)
+
+
+def _reduction_grid(rows, channels):
+    col_blocks = math.ceil(channels / COLS)
+    splits = max(1, min(math.ceil(TARGET_BLOCKS / col_blocks), math.ceil(rows / (4 * ROWS))))
+    rows_per_block = math.ceil(rows / splits)
+    return (col_blocks, math.ceil(rows / rows_per_block)), (COLS, ROWS), np.int32(rows_per_block)
+
+
+def batchnorm_stats(launcher, x2d, sums, sumsq):
+    """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (zeroes them first)."""
+    channels = x2d.shape[-1]
+    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
+    fill_zero(launcher, sums)
+    fill_zero(launcher, sumsq)
+    launcher.launch(_batchnorm_stats, grid, block, _flat(x2d), sums, sumsq, np.int32(channels), rows_per_block)
+
+
+def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, relu, residual, spread_is_var, eps):
+    head = (_flat(x2d), mean, spread, gamma, beta)
+    tail = (_flat(y2d), np.int32(x2d.shape[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
+    if residual is None:
+        launcher.launch(_batchnorm_apply, *grid_1d(x2d.size), *head, *tail)
+    else:
+        launcher.launch(_batchnorm_apply_residual, *grid_1d(x2d.size), *head, _flat(residual), *tail)
+
+
+def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
+                            momentum, eps, relu=False, residual=None, sums_ready=False):
+    """Training BN (+ residual add) (+ ReLU). ``sums_ready``: a convolution epilogue already
+    accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``."""
+    channels = x2d.shape[-1]
+    if not sums_ready:
+        batchnorm_stats(launcher, x2d, save_mean, save_invstd)
+    launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
+                    np.int32(x2d.size // channels), np.float32(momentum), np.float32(eps))
+    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, relu, residual, False, eps)
+
+
+def batchnorm_forward_eval(launcher, x2d, gamma, beta, running_mean, running_var, eps, y2d, relu=False,
+                           residual=None):
+    _apply(launcher, x2d, running_mean, running_var, gamma, beta, y2d, relu, residual, True, eps)
+
+
+def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):
+    """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated."""
+    channels = x2d.shape[-1]
+    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
+    fill_zero(launcher, dgamma)
+    fill_zero(launcher, dbeta)
+    launcher.launch(_batchnorm_backward_reduce, grid, block, _flat(x2d), _flat(dy2d), save_mean, save_invstd,
+                    dgamma, dbeta, np.int32(channels), rows_per_block)
+    if dx2d is not None:
+        launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), _flat(x2d), _flat(dy2d), save_mean,
+                        save_invstd, gamma, dgamma, dbeta, _flat(dx2d), np.int32(channels), np.int32(accumulate))

@@ -1,0 +1,232 @@
+"""Elementwise kernels on flat fp16 views: activations, add, channel pad, dropout, casts.
+
+Forward and backward of each primitive sit side by side. Every kernel is a grid-stride
+loop, computes in fp32 and stores fp16; ``accumulate`` (int32 0/1) chooses between
+overwriting ``dx`` and adding into it (the contract's gradient accumulation).
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from ._registry import B1, F1, F32, H1, H_ZERO, HALF, I1, I32, ONE, U64, W1, ZERO, grid_1d, kernel
+from ._registry import nbt
+
+f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
+
+RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
+ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
+_SIX, _THREE, _THIRD = np.float32(6.0), np.float32(3.0), np.float32(1.0 / 3.0)
+_SIXTH, _INV_SQRT2 = np.float32(1.0 / 6.0), np.float32(1.0 / math.sqrt(2.0))
+_INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
+
+
+def _flat(a):
+    return a.reshape(a.size)
+
+
+@cuda.jit(device=True)
+def _sigmoid(v):
+    return ONE / (ONE + math.exp(-v))
+
+
+@cuda.jit(device=True)
+def _activate(code, v, alpha):
+    if code == RELU:
+        return max(v, ZERO)
+    if code == RELU6:
+        return min(max(v, ZERO), _SIX)
+    if code == LEAKY_RELU:
+        return v if v > ZERO else alpha * v
+    if code == SIGMOID:
+        return _sigmoid(v)
+    if code == TANH:
+        return math.tanh(v)
+    if code == SILU:
+        return v * _sigmoid(v)
+    if code == HARDSWISH:
+        return v * min(max(v + _THREE, ZERO), _SIX) * _SIXTH
+    return HALF * v * (ONE + math.erf(v * _INV_SQRT2))  # GELU (exact erf form)
+
+
+@cuda.jit(device=True)
+def _activate_grad(code, s, g, alpha):
+    """d(activation)/dx * g; ``s`` is the output for relu/relu6/sigmoid/tanh, else the input."""
+    if code == RELU:
+        return g if s > ZERO else ZERO
+    if code == RELU6:
+        return g if (s > ZERO and s < _SIX) else ZERO
+    if code == LEAKY_RELU:
+        return g if s > ZERO else alpha * g
+    if code == SIGMOID:
+        return g * s * (ONE - s)
+    if code == TANH:
+        return g * (ONE - s * s)
+    if code == SILU:
+        sig = _sigmoid(s)
+        return g * sig * (ONE + s * (ONE - sig))
+    if code == HARDSWISH:
+        if s < -_THREE:
+            return ZERO
+        return g * (s * _THIRD + HALF) if s <= _THREE else g
+    cdf = HALF * (ONE + math.erf(s * _INV_SQRT2))  # GELU
+    return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
+
+
+@cuda.jit(device=True)
+def _store(dx, i, v, accumulate):
+    if accumulate:
+        v += f32(dx[i])
+    dx[i] = f16(v)
+
+
+@kernel("activation_forward", (H1, H1, I32, F32))
+def _activation_forward(x, y, code, alpha):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        y[i] = f16(_activate(code, f32(x[i]), alpha))
+
+
+@kernel("activation_backward", (H1, H1, H1, I32, F32, I32))
+def _activation_backward(saved, dy, dx, code, alpha, accumulate):
+    for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
+        _store(dx, i, _activate_grad(code, f32(saved[i]), f32(dy[i]), alpha), accumulate)
+
+
+def activation_forward(launcher, code, x, y, alpha=0.01):
+    launcher.launch(_activation_forward, *grid_1d(x.size), _flat(x), _flat(y), np.int32(code), np.float32(alpha))
+
+
+def activation_backward(launcher, code, saved, dy, dx, alpha=0.01, accumulate=False):
+    launcher.launch(_activation_backward, *grid_1d(dy.size), _flat(saved), _flat(dy), _flat(dx),
+                    np.int32(code), np.float32(alpha), np.int32(accumulate))
+
+
+@kernel("add_forward", (H1, H1, H1))
+def _add_forward(a, b, y):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        y[i] = f16(f32(a[i]) + f32(b[i]))
+
+
+@kernel("accumulate_into", (H1, H1, I32))
+def _accumulate_into(dst, src, accumulate):
+    for i in range(cuda.grid(1), dst.size, cuda.gridsize(1)):
+        _store(dst, i, f32(src[i]), accumulate)
+
+
+def add_forward(launcher, a, b, y):
+    launcher.launch(_add_forward, *grid_1d(y.size), _flat(a), _flat(b), _flat(y))
+
+
+def accumulate_into(launcher, dst, src, accumulate):
+    """``dst = src`` or ``dst += src`` (the backward of a residual add)."""
+    launcher.launch(_accumulate_into, *grid_1d(dst.size), _flat(dst), _flat(src), np.int32(accumulate))
+
+
+@kernel("channel_pad_forward", (H1, H1, I32, I32))
+def _channel_pad_forward(x, y, c_in, c_out):
+    for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
+        c = i % c_out
+        y[i] = x[(i // c_out) * c_in + c] if c < c_in else H_ZERO
+
+
+@kernel("channel_pad_backward", (H1, H1, I32, I32, I32))
+def _channel_pad_backward(dy, dx, c_in, c_out, accumulate):
+    for i in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
+        _store(dx, i, f32(dy[(i // c_in) * c_out + i % c_in]), accumulate)
+
+
+def channel_pad_forward(launcher, x, y):
+    """Copy ``x`` into the first channels (last axis) of ``y``; zeros in the new ones."""
+    launcher.launch(_channel_pad_forward, *grid_1d(y.size), _flat(x), _flat(y),
+                    np.int32(x.shape[-1]), np.int32(y.shape[-1]))
+
+
+def channel_pad_backward(launcher, dy, dx, accumulate):
+    launcher.launch(_channel_pad_backward, *grid_1d(dx.size), _flat(dy), _flat(dx),
+                    np.int32(dx.shape[-1]), np.int32(dy.shape[-1]), np.int32(accumulate))
+
+
+# Dropout: splitmix64 as in cpu_ref.reference.dropout_uniform, in uint64 only (bit-exact).
+_GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _S11, _U1 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11), np.uint64(1)
+
+
+@cuda.jit(device=True)
+def _mix64(z):
+    z = (z ^ (z >> _S30)) * _MIX1
+    z = (z ^ (z >> _S27)) * _MIX2
+    return z ^ (z >> _S31)
+
+
+@kernel("dropout_forward", (H1, H1, B1, U64, U64, F32, I1))
+def _dropout_forward(x, y, mask, seed, threshold, scale, step):
+    key = _mix64(seed * _GOLDEN + u64(step[0]))
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        keep = (_mix64(key + (u64(i) + _U1) * _GOLDEN) >> _S11) >= threshold
+        mask[i] = 1 if keep else 0
+        y[i] = f16(f32(x[i]) * scale) if keep else H_ZERO
+
+
+@kernel("dropout_backward", (B1, H1, H1, F32, I32))
+def _dropout_backward(mask, dy, dx, scale, accumulate):
+    for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
+        _store(dx, i, f32(dy[i]) * scale if mask[i] else ZERO, accumulate)
+
+
+def _dropout_scale(p):
+    return np.float32(1.0 / (1.0 - p) if p < 1.0 else 0.0)
+
+
+def dropout_threshold(p):
+    """The integer form of ``uniform >= p``: ``(z >> 11) * 2**-53 >= p`` iff ``(z >> 11) >= ceil(p * 2**53)``."""
+    return np.uint64(math.ceil(float(p) * 2.0 ** 53))
+
+
+def dropout_forward(launcher, x, y, mask, p, seed, step):
+    """Inverted dropout; ``step`` is a 1-element int32 device array (the per-step counter)."""
+    launcher.launch(_dropout_forward, *grid_1d(x.size), _flat(x), _flat(y), _flat(mask),
+                    np.uint64(seed % 2 ** 64), dropout_threshold(p), _dropout_scale(p), step)
+
+
+def dropout_backward(launcher, mask, dy, dx, p, accumulate):
+    launcher.launch(_dropout_backward, *grid_1d(dy.size), _flat(mask), _flat(dy), _flat(dx),
+                    _dropout_scale(p), np.int32(accumulate))
+
+
+@kernel("cast_f32_to_f16", (F1, H1))
+def _cast_f32_to_f16(src, dst):
+    for i in range(cuda.grid(1), src.size, cuda.gridsize(1)):
+        dst[i] = f16(src[i])
+
+
+def cast_f32_to_f16(launcher, src, dst):
+    """fp16 copies of the fp32 master parameters (one launch over the whole region)."""
+    launcher.launch(_cast_f32_to_f16, *grid_1d(src.size), _flat(src), _flat(dst))
+
+
+@kernel("fill_zero_u32", (W1,))
+def _fill_zero_u32(x):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] = 0
+
+
+@kernel("fill_zero_f16", (H1,))
+def _fill_zero_f16(x):
+    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+        x[i] = H_ZERO
+
+
+def fill_zero(launcher, x):
+    """Zero a device array of any dtype (4-byte dtypes through a uint32 view)."""
+    flat = _flat(x)
+    if flat.dtype.itemsize == 4:
+        words = flat.view(np.uint32)
+        launcher.launch(_fill_zero_u32, *grid_1d(words.size), words)
+    elif flat.dtype == np.float16:
+        launcher.launch(_fill_zero_f16, *grid_1d(flat.size), flat)
+    elif flat.dtype == np.uint8 and flat.size % 4 == 0:
+        words = flat.view(np.uint32)
+        launcher.launch(_fill_zero_u32, *grid_1d(words.size), words)
+    else:
+        raise TypeError(f"fill_zero: expects a 4-byte dtype, float16 or uint8 with size % 4 == 0, "
+                        f"got {flat.dtype} of size {flat.size}")

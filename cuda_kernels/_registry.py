@@ -1,0 +1,113 @@
+"""The kernel table: every CUDA kernel with the one argument signature it is launched with.
+
+Each kernel is declared with ``@kernel(name, signature)``. The signature is the list of
+numba types of its arguments; the launchers must pass exactly those types (checked at
+record time by ``check_args``) and ``tests/cuda/test_ptx.py`` compiles every row of
+``KERNELS`` for sm_90 with the same signature. So what is compiled in CI is what runs.
+
+Conventions of every kernel in this package:
+- arrays are C-contiguous device views (mostly flat 1-D); storage fp16 for activations
+  and weight copies, fp32 for parameters, gradients, optimizer state and statistics;
+- arithmetic is fp32 (``f32(x[i])``) with typed constants (``np.float32``): a Python
+  float literal is fp64 on the device (see /work/shared/CUDA-NOTES.md);
+- scalars that are fixed for a captured step (shapes, flags, momentum, eps) are kernel
+  arguments; everything that changes per step (lr, step, loss scale, overflow flag)
+  is read from 1-element device arrays.
+"""
+import inspect
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from numba import cuda
+from numba.cuda import types as nbt
+
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+
+F16, F32, I32, U8, U32, U64 = nbt.float16, nbt.float32, nbt.int32, nbt.uint8, nbt.uint32, nbt.uint64
+
+
+def vec(dtype):
+    """Type of a flat C-contiguous device array."""
+    return nbt.Array(dtype, 1, "C")
+
+
+H1, F1, I1, B1, W1 = vec(F16), vec(F32), vec(I32), vec(U8), vec(U32)
+
+
+def geometry(n):
+    """Type of an ``n``-int32 shape tuple (see ``int32_tuple``)."""
+    return nbt.UniTuple(I32, n)
+
+
+# Typed constants shared by the kernels (a bare ``0.5`` would be fp64 on the device).
+ZERO, ONE, HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
+H_ZERO = np.float16(0.0)
+
+# Elementwise kernels use grid-stride loops, so block and grid sizes are free. The
+# simulator runs one Python thread per CUDA thread: small ones keep it fast.
+THREADS = 32 if SIMULATOR else 256
+MAX_BLOCKS = 2 if SIMULATOR else 8192
+
+
+def grid_1d(n, threads=THREADS):
+    """``(blocks, threads)`` for a grid-stride loop over ``n`` elements."""
+    return max(1, min(math.ceil(n / threads), MAX_BLOCKS)), threads
+
+
+def int32_tuple(*values):
+    return tuple(np.int32(v) for v in values)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One row of the kernel table."""
+    name: str
+    pyfunc: object      # the Python source function (compile_ptx input)
+    kernel: object      # the ``cuda.jit`` dispatcher (lazy; compiled on first launch)
+    signature: tuple    # numba types, one per argument
+    argnames: tuple
+
+    def compile(self):
+        """Compile for ``signature`` now (before graph capture); no-op in the simulator."""
+        if not SIMULATOR:
+            self.kernel.compile(self.signature)
+
+
+KERNELS = {}
+
+
+def kernel(name, signature):
+    """Declare a kernel and its launch signature; returns its ``KernelSpec``."""
+    def declare(pyfunc):
+        if name in KERNELS:
+            raise ValueError(f"kernel: duplicate kernel name {name!r}")
+        argnames = tuple(inspect.signature(pyfunc).parameters)
+        if len(argnames) != len(signature):
+            raise ValueError(f"kernel {name!r}: {len(argnames)} parameters but {len(signature)} types")
+        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), argnames)
+        KERNELS[name] = spec
+        return spec
+    return declare
+
+
+def check_args(spec, args):
+    """Raise ``TypeError`` unless ``args`` have exactly the types of ``spec.signature``."""
+    if len(args) != len(spec.signature):
+        raise TypeError(f"{spec.name}: expects {len(spec.signature)} arguments {spec.argnames}, got {len(args)}")
+    for name, arg, expected in zip(spec.argnames, args, spec.signature):
+        if isinstance(arg, np.ndarray):
+            raise TypeError(
+                f"{spec.name}: argument {name!r} is a host numpy array {arg.dtype}{arg.shape}. Kernels take "
+                f"device arrays only (numba would copy a host array at every launch, which breaks graph "
+                f"capture); pass a view of the device arena instead")
+        got = numba.typeof(arg)
+        if got != expected:
+            raise TypeError(f"{spec.name}: argument {name!r} expects {expected}, got {got}")
+
+
+def compile_all():
+    """Compile every kernel of the table for its signature (a warm-up before capture)."""
+    for spec in KERNELS.values():
+        spec.compile()

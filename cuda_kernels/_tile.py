@@ -1,0 +1,47 @@
+"""The GEMM tile: the one piece to replace when a tensor-core MMA is swapped in.
+
+Every matrix kernel (convolution forward / backward-data / backward-weight, and the
+linear layers, which are 1x1 convolutions) runs the same main loop: a block computes a
+``BM x BN`` tile of ``C = A @ B``; per ``BK`` slice of the reduction it stages
+``As[BK, BM]`` and ``Bs[BK, BN]`` (fp16) in shared memory and calls ``tile_mma``, which
+adds ``As[:, rows].T @ Bs[:, cols]`` into the thread's fp32 accumulator ``acc[TM, TN]``.
+``tile_row(i)`` / ``tile_col(j)`` say which tile row / column ``acc[i, j]`` holds.
+
+A replacement (e.g. ``mma.sync.m16n8k16`` through an ``@intrinsic``, GPU only) must
+provide the same three functions with the same meaning; the simulator keeps this plain one.
+"""
+from numba import cuda
+
+from ._registry import nbt
+
+f32 = nbt.float32
+BM, BN, BK = 64, 64, 16           # block tile (rows, columns, reduction slice)
+TX, TY = 16, 16                   # threads per block: (x, y)
+TM, TN = BM // TY, BN // TX       # accumulators per thread
+THREADS_PER_BLOCK = TX * TY
+
+
+@cuda.jit(device=True)
+def tile_row(i):
+    return cuda.threadIdx.y + i * TY
+
+
+@cuda.jit(device=True)
+def tile_col(j):
+    # consecutive threads own consecutive columns: coalesced stores along the output row
+    return cuda.threadIdx.x + j * TX
+
+
+@cuda.jit(device=True)
+def tile_mma(As, Bs, acc):
+    """``acc[i, j] += sum_k As[k, tile_row(i)] * Bs[k, tile_col(j)]`` in fp32."""
+    a = cuda.local.array(TM, nbt.float32)
+    b = cuda.local.array(TN, nbt.float32)
+    for k in range(BK):
+        for i in range(TM):
+            a[i] = f32(As[k, tile_row(i)])
+        for j in range(TN):
+            b[j] = f32(Bs[k, tile_col(j)])
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] += a[i] * b[j]

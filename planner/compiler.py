@@ -1,0 +1,540 @@
+"""`Compiler(arch).compile(variants=...)`: five named phases from an ArchPlan to a CompiledPlan.
+
+    infer_shapes    concrete NHWC shapes of every value, per variant; parameter shapes
+    build_graphs    the op schedules (train: forward, loss, backward, optimizer; eval: forward,
+                    loss) over tensor ids, with each tensor's shape in each variant
+    size_slots      every tensor slot gets the largest size over the variants of its graph
+    plan_memory     persistent regions laid out once; saved and transient tensors get offsets
+                    from their lifetimes over the schedule (planner.memory)
+    share_variants  variants of one graph share its schedule and offsets; equal shapes share
+                    one shape signature (the key for captured CUDA graphs)
+
+A variant's graph is `train` when its name starts with "train" (and training=True), else `eval`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
+from planner.registry import REGISTRY, Extra, ParamRule, Shape, ShapeError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "int64": 8, "uint8": 1}
+PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
+PLANNED_REGIONS = ("saved", "transient")
+REGIONS = PERSISTENT_REGIONS + PLANNED_REGIONS
+SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
+           ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"))
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    name: str
+    tensor: int
+    shape: Shape
+    region: str
+    init: str
+    layer: int               # index of the primitive in `CompiledPlan.primitives`
+    torch_layout: str = ""   # "ohwi": conv weight; "fc_hwc": fc weight whose features come from an NHWC flatten
+    flatten_from: Shape = ()  # (H, W, C) for "fc_hwc"
+    fan_in: int = 0
+    fan_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    id: int
+    name: str
+    region: str
+    dtype: str
+    shape: Shape              # the slot's shape (largest variant)
+    nbytes: int
+    offset: int = -1
+    graph: str = ""           # "" for persistent tensors, else "train" / "eval"
+    variant_shapes: tuple = ()  # ((variant, shape), ...) for graph and io tensors
+
+    def shape_in(self, variant: str) -> Shape:
+        for name, shape in self.variant_shapes:
+            if name == variant:
+                return shape
+        return self.shape
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    index: int
+    kind: str                 # a registry kind, a fused kind, or "optimizer"
+    direction: str            # "forward", "loss", "backward", "optimizer"
+    layer: int                # index into arch.layers, -1 for the optimizer
+    name: str
+    reads: tuple[tuple[str, int], ...]
+    writes: tuple[tuple[str, int], ...]
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    def read(self, role: str) -> int | None:
+        return next((t for r, t in self.reads if r == role), None)
+
+    def written(self, role: str) -> int | None:
+        return next((t for r, t in self.writes if r == role), None)
+
+    def attr(self, name: str, default=None):
+        return next((v for k, v in self.attrs if k == name), default)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputationGraph:
+    name: str
+    ops: tuple[Op, ...]
+    boundary: int = -1        # index of the first backward op (train graphs)
+
+
+@dataclass(frozen=True, slots=True)
+class VariantPlan:
+    name: str
+    graph: str
+    input_shape: Shape
+    signature: tuple          # (graph, input shape); equal signatures share one captured CUDA graph
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    arch: ArchPlan
+    primitives: tuple[ArchLayer, ...]
+    variants: dict[str, VariantPlan]
+    value_shapes: dict[str, dict[int, Shape]]
+    graphs: dict[str, ComputationGraph]
+    tensors: tuple[TensorSpec, ...]
+    params: tuple[ParamSpec, ...]
+    memory: "object"
+    io: dict[str, int]                       # "input", "labels", "logits", and scalar names -> tensor id
+    macs_per_sample: dict[int, int]          # primitive index -> MACs for one sample
+    activation_dtype: str
+    training: bool
+    optimizer_state_slots: int
+    compile_ms: float = 0.0
+    layer_values: dict[int, int] = field(default_factory=dict)  # value id -> tensor id (train graph, else eval)
+
+    def tensor(self, tid: int) -> TensorSpec:
+        return self.tensors[tid]
+
+    @property
+    def params_trainable(self) -> int:
+        return sum(math.prod(p.shape) for p in self.params if p.region == "params")
+
+    def verify(self) -> None:
+        from planner.verify import verify_plan
+        verify_plan(self)
+
+
+def _primitive_list(arch: ArchPlan) -> list[tuple[int, ArchLayer]]:
+    out = []
+    for index, layer in enumerate(arch.layers):
+        for prim in (layer.sub or (layer,)):
+            out.append((index, prim))
+    return out
+
+
+# ---- phase 1 ------------------------------------------------------------------------------------
+def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, dict[int, Shape]], dict]:
+    """Shapes of every value per variant, and every primitive's parameter shapes (equal across variants)."""
+    value_shapes: dict[str, dict[int, Shape]] = {}
+    param_shapes: dict[int, list[tuple[ParamRule, Shape]]] = {}
+    seen_in: dict[int, tuple[str, Shape]] = {}
+    for variant, shape in variants.items():
+        shape = tuple(shape)
+        if len(shape) != 4 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
+            raise ShapeError(f"variant {variant!r}: expected an input shape (N, H, W, C) of positive ints, got {shape!r}")
+        if shape[3] != arch.in_channels:
+            raise ShapeError(f"variant {variant!r}: the plan was expanded for {arch.in_channels} input channels, "
+                             f"but the variant's input shape {shape} has {shape[3]}; pass in_channels={shape[3]} "
+                             f"to ArchPlan.from_blueprint")
+        shapes = {NETWORK_INPUT: shape}
+        for position, (_, prim) in enumerate(_primitive_list(arch)):
+            rule = REGISTRY[prim.kind]
+            ins = [shapes[v] for v in prim.inputs]
+            shapes[prim.output] = rule.shape(prim, ins)
+            params = rule.params(prim, ins)
+            if position in param_shapes and [s for _, s in param_shapes[position]] != [s for _, s in params]:
+                first_variant, first_in = seen_in[position]
+                raise ShapeError(f"{prim.path}: parameter shapes differ between variants: {first_variant!r} "
+                                 f"(input {first_in}) gives {[s for _, s in param_shapes[position]]}, {variant!r} "
+                                 f"(input {ins[0]}) gives {[s for _, s in params]}; variants must agree on every "
+                                 f"shape that reaches a parameter (e.g. the features entering an fc)")
+            param_shapes[position] = params
+            seen_in.setdefault(position, (variant, ins[0]))
+        value_shapes[variant] = shapes
+    return value_shapes, param_shapes
+
+
+# ---- phase 4 (the schedule) -----------------------------------------------------------------------
+class _GraphBuilder:
+    """Collects tensors (with per-variant shapes) and ops for the train and eval graphs."""
+
+    def __init__(self, arch, value_shapes, param_shapes, variants_of, act_dtype, training, slots):
+        self.arch = arch
+        self.value_shapes = value_shapes
+        self.variants_of = variants_of          # graph -> [variant names]
+        self.act_dtype = act_dtype
+        self.training = training
+        self.slots = slots
+        self.tensors: list[dict] = []
+        self.params: list[ParamSpec] = []
+        self.prims = _primitive_list(arch)
+        self.param_tensors: dict[int, dict[str, int]] = {}   # primitive position -> suffix -> tensor
+        self.grad_tensors: dict[int, int] = {}               # param tensor -> grad tensor
+        self.io: dict[str, int] = {}
+        self.saved_extras: dict[int, list[tuple[str, int]]] = {}  # primitive position -> saved extras (train)
+        self.logits_value = arch.output_value
+        self.loss_value = arch.layers[-1].output
+        self._persistent(param_shapes)
+
+    def new_tensor(self, name, region, dtype, shapes, graph=""):
+        """`shapes` is one shape (persistent) or {variant: shape}."""
+        tid = len(self.tensors)
+        self.tensors.append(dict(id=tid, name=name, region=region, dtype=dtype, shapes=shapes, graph=graph))
+        return tid
+
+    def _persistent(self, param_shapes):
+        for position, (_, prim) in enumerate(self.prims):
+            for rule, shape in param_shapes[position]:
+                name = f"{prim.prefix}.{rule.suffix}" if prim.prefix else rule.suffix
+                dtype = "int64" if rule.suffix == "num_batches_tracked" else "float32"
+                tid = self.new_tensor(name, rule.region, dtype, shape)
+                self.param_tensors.setdefault(position, {})[rule.suffix] = tid
+                layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
+                if prim.kind == "conv" and rule.suffix == "weight":
+                    fan_in, fan_out = math.prod(shape[1:]), shape[0] * shape[1] * shape[2]
+                if prim.kind == "fc":
+                    fan_in = param_shapes[position][0][1][1]
+                    source = self._flatten_source(prim)
+                    if rule.suffix == "weight" and source is not None:
+                        layout, flatten_from = "fc_hwc", source
+                    elif rule.suffix == "weight":
+                        layout = ""
+                self.params.append(ParamSpec(name, tid, shape, rule.region, rule.init, position, layout,
+                                             flatten_from, fan_in, fan_out))
+        names = [p.name for p in self.params]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ShapeError(f"two layers produce the same parameter names {duplicates[:5]}; wrap one of them in "
+                             f"named('...', ...) to give it a distinct scope")
+        if self.training:
+            for spec in [p for p in self.params if p.region == "params"]:
+                self.grad_tensors[spec.tensor] = self.new_tensor("grad." + spec.name, "grads", "float32", spec.shape)
+            trainable = [p for p in self.params if p.region == "params"]
+            for slot in range(self.slots):
+                for spec in trainable:
+                    self.new_tensor(f"state{slot}.{spec.name}", "optim", "float32", spec.shape)
+        if self.arch.amp:
+            for spec in [p for p in self.params if p.region == "params"]:
+                self.new_tensor("fp16." + spec.name, "weights16", "float16", spec.shape)
+        all_variants = [v for names in self.variants_of.values() for v in names]
+        padded = self.arch.input_channels_padded
+        self.io["input"] = self.new_tensor("input", "io", self.act_dtype,
+                                           {v: self.value_shapes[v][NETWORK_INPUT][:3] + (padded,) for v in all_variants})
+        self.io["labels"] = self.new_tensor("labels", "io", "int64", {v: self.value_shapes[v][NETWORK_INPUT][:1] for v in all_variants})
+        self.io["logits"] = self.new_tensor("logits", "io", self.act_dtype, {v: self.value_shapes[v][self.logits_value] for v in all_variants})
+        for name, dtype in SCALARS:
+            self.io[name] = self.new_tensor(name, "scalars", dtype, ())
+
+    def _flatten_source(self, prim) -> Shape | None:
+        producer = {p.output: p for _, p in self.prims}
+        source = producer.get(prim.inputs[0])
+        if source is not None and source.kind == "flatten":
+            shapes = next(iter(self.value_shapes.values()))
+            return shapes[source.inputs[0]][1:]
+        return None
+
+    # -- per graph -----------------------------------------------------------------------------------
+    def build(self, graph: str) -> ComputationGraph:
+        variants = self.variants_of[graph]
+        train = graph == "train"
+        value_tensor: dict[int, int] = {NETWORK_INPUT: self.io["input"], self.logits_value: self.io["logits"],
+                                        self.loss_value: self.io["loss"]}
+        saved_values = self._saved_values() if train else set()
+
+        def shapes_of(value):
+            return {v: self.value_shapes[v][value] for v in variants}
+
+        for _, prim in self.prims:
+            if prim.output not in value_tensor:
+                region = "saved" if prim.output in saved_values else "transient"
+                value_tensor[prim.output] = self.new_tensor(f"{graph}.v{prim.output}", region, self.act_dtype,
+                                                            shapes_of(prim.output), graph)
+        self.value_tensor = value_tensor
+        ops: list[Op] = []
+        for index, layer in enumerate(self.arch.layers):
+            if layer.kind == "softmax_ce":
+                continue
+            ops.append(self._forward_op(len(ops), index, layer, graph, train, shapes_of))
+        loss_layer = self.arch.layers[-1]
+        grads: dict[int, int] = {}
+        loss_writes = [("loss", self.io["loss"]), ("correct", self.io["correct"])]
+        if train:
+            grads[self.logits_value] = self.new_tensor(f"{graph}.d{self.logits_value}", "transient", self.act_dtype,
+                                                       shapes_of(self.logits_value), graph)
+            loss_writes.append(("dlogits", grads[self.logits_value]))
+        ops.append(Op(len(ops), "softmax_ce", "loss", len(self.arch.layers) - 1, "loss",
+                      (("logits", self.io["logits"]), ("labels", self.io["labels"])), tuple(loss_writes)))
+        boundary = len(ops)
+        if train:
+            needs_grad = self._needs_grad()
+            for index in range(len(self.arch.layers) - 2, -1, -1):
+                op = self._backward_op(len(ops), index, self.arch.layers[index], graph, grads, needs_grad, shapes_of)
+                if op is not None:
+                    ops.append(op)
+            ops.append(self._optimizer_op(len(ops)))
+        return ComputationGraph(graph, tuple(ops), boundary if train else -1)
+
+    def _saved_values(self) -> set[int]:
+        saved = set()
+        for _, layer in enumerate(self.arch.layers):
+            if layer.kind in FUSED:
+                saved |= self._fused_saved_values(layer)
+                continue
+            rule = REGISTRY[layer.kind]
+            if "input" in rule.saves:
+                saved |= set(layer.inputs)
+            if "output" in rule.saves:
+                saved.add(layer.output)
+        return saved - {NETWORK_INPUT, self.logits_value, self.loss_value}
+
+    @staticmethod
+    def _fused_saved_values(layer: ArchLayer) -> set[int]:
+        """Fused layers save their inputs, every convolution's (pre-BN) output, the fc input and a
+        final ReLU's output; BN-apply and activations are recomputed in backward."""
+        saved = set(layer.inputs)
+        for prim in layer.sub:
+            if prim.kind in ("conv", "fc"):
+                saved.add(prim.output if prim.kind == "conv" else prim.inputs[0])
+        if layer.sub[-1].kind == "relu":
+            saved.add(layer.sub[-1].output)
+        return saved
+
+    def _needs_grad(self) -> set[int]:
+        needs = set()
+        for position, (_, prim) in enumerate(self.prims):
+            if any(v in needs for v in prim.inputs) or any(
+                    self.tensors[t]["region"] == "params" for t in self.param_tensors.get(position, {}).values()):
+                needs.add(prim.output)
+        return needs
+
+    def _positions(self, index: int) -> list[int]:
+        return [pos for pos, (owner, _) in enumerate(self.prims) if owner == index]
+
+    def _extras(self, prim, position, graph, shapes_of, phase):
+        rule = REGISTRY[prim.kind]
+        out = []
+        for extra, _ in rule.extras(prim, [self.value_shapes[self.variants_of[graph][0]][v] for v in prim.inputs],
+                                    self.value_shapes[self.variants_of[graph][0]][prim.output]):
+            if extra.saved and phase == "b":
+                continue
+            if graph == "eval" and extra.saved:
+                continue
+            if not extra.saved and phase not in extra.phases:
+                continue
+            shapes = {}
+            for v in self.variants_of[graph]:
+                ins = [self.value_shapes[v][i] for i in prim.inputs]
+                shapes[v] = dict((e.role, s) for e, s in rule.extras(prim, ins, self.value_shapes[v][prim.output]))[extra.role]
+            dtype = self.act_dtype if extra.dtype == "act" else extra.dtype
+            region = "saved" if extra.saved else "transient"
+            suffix = extra.role if extra.saved else f"{extra.role}_{phase}"
+            tid = self.new_tensor(f"{graph}.{prim.prefix or prim.path}:{suffix}", region, dtype, shapes, graph)
+            if extra.saved:
+                self.saved_extras.setdefault(position, []).append((extra.role, tid))
+            out.append((extra.role, tid))
+        return out
+
+    def _forward_op(self, op_index, index, layer, graph, train, shapes_of) -> Op:
+        reads, writes, produced = [], [], set()
+        fused = layer.kind in FUSED
+        for position in self._positions(index):
+            _, prim = self.prims[position]
+            tag = f"{position}:" if fused else ""
+            names = ("a", "b") if prim.kind == "add" else ("x",)
+            for role, value in zip(names, prim.inputs):
+                if value not in produced:
+                    reads.append((tag + role, self.value_tensor[value]))
+            for suffix, tid in self.param_tensors.get(position, {}).items():
+                reads.append((tag + suffix, tid))
+                if train and self.tensors[tid]["region"] == "bn_stats":
+                    writes.append((tag + suffix, tid))
+            writes.append((tag + "y", self.value_tensor[prim.output]))
+            produced.add(prim.output)
+            extras = self._extras(prim, position, graph, shapes_of, "f")
+            writes += [(tag + role, tid) for role, tid in extras]
+        attrs = (("training", train),)
+        return Op(op_index, layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes), attrs)
+
+    def _grad(self, grads, value, graph, shapes_of):
+        if value not in grads:
+            grads[value] = self.new_tensor(f"{graph}.d{value}", "transient", self.act_dtype, shapes_of(value), graph)
+        return grads[value]
+
+    def _backward_op(self, op_index, index, layer, graph, grads, needs_grad, shapes_of) -> Op | None:
+        positions = self._positions(index)
+        has_params = any(self.tensors[t]["region"] == "params" for p in positions for t in self.param_tensors.get(p, {}).values())
+        external = [v for v in layer.inputs if v in needs_grad]
+        if not has_params and not external:
+            return None
+        if layer.output not in grads:
+            return None  # its output feeds nothing that has a gradient
+        fused = layer.kind in FUSED
+        reads = [("dy", grads[layer.output])]
+        writes, attrs = [], []
+        saved_values = self._fused_saved_values(layer) if fused else None
+        for position in positions:
+            _, prim = self.prims[position]
+            tag = f"{position}:" if fused else ""
+            rule = REGISTRY[prim.kind]
+            if fused:
+                continue
+            if "input" in rule.saves:
+                reads.append(("x", self.value_tensor[prim.inputs[0]]))
+            if "output" in rule.saves:
+                reads.append(("y", self.value_tensor[prim.output]))
+            for suffix, tid in self.param_tensors.get(position, {}).items():
+                if suffix in ("weight",):
+                    reads.append((suffix, tid))
+            for role, tid in self._saved_extra_tensors(position):
+                reads.append((role, tid))
+            for role, tid in self._extras(prim, position, graph, shapes_of, "b"):
+                writes.append((role, tid))
+        if fused:
+            reads += self._fused_backward_reads(positions, saved_values)
+            writes += self._fused_workspace(positions, saved_values, graph, shapes_of)
+        for position in positions:
+            tag = f"{position}:" if fused else ""
+            for suffix, tid in self.param_tensors.get(position, {}).items():
+                if tid in self.grad_tensors:
+                    writes.append((tag + "d" + suffix, self.grad_tensors[tid]))
+        roles = ("da", "db") if layer.kind == "add" else tuple(f"dx{i}" if fused else "dx" for i in range(len(layer.inputs)))
+        for role, value in zip(roles, layer.inputs):
+            if value not in needs_grad:
+                continue
+            accumulate = value in grads
+            tid = self._grad(grads, value, graph, shapes_of)
+            if accumulate:
+                reads.append((role, tid))
+            writes.append((role, tid))
+            attrs.append(("accumulate_" + role, accumulate))
+        return Op(op_index, layer.kind, "backward", index, layer.name, tuple(reads), tuple(writes), tuple(attrs))
+
+    def _saved_extra_tensors(self, position):
+        return self.saved_extras.get(position, [])
+
+    def _fused_backward_reads(self, positions, saved_values):
+        reads = []
+        for position in positions:
+            _, prim = self.prims[position]
+            for value in (prim.output, *prim.inputs):
+                if value in saved_values:
+                    reads.append((f"saved{value}", self.value_tensor[value]))
+            for suffix, tid in self.param_tensors.get(position, {}).items():
+                if self.tensors[tid]["region"] == "params":
+                    reads.append((f"{position}:{suffix}", tid))
+            reads += [(f"{position}:{role}", tid) for role, tid in self._saved_extra_tensors(position)]
+        return list(dict.fromkeys(reads))
+
+    def _fused_workspace(self, positions, saved_values, graph, shapes_of):
+        """Recomputed internal values and internal gradients live only inside the fused backward op."""
+        writes = []
+        internal = [self.prims[p][1] for p in positions]
+        last = internal[-1].output
+        for prim in internal:
+            if prim.output != last and prim.output not in saved_values:
+                writes.append((f"recompute{prim.output}", self.new_tensor(f"{graph}.r{prim.output}", "transient",
+                                                                           self.act_dtype, shapes_of(prim.output), graph)))
+            if prim.output != last:
+                writes.append((f"grad{prim.output}", self.new_tensor(f"{graph}.g{prim.output}", "transient",
+                                                                      self.act_dtype, shapes_of(prim.output), graph)))
+        for position in positions:
+            _, prim = self.prims[position]
+            writes += [(f"{position}:{role}", tid) for role, tid in self._extras(prim, position, graph, shapes_of, "b")]
+        return writes
+
+    def _optimizer_op(self, op_index) -> Op:
+        reads = [("grad", g) for g in self.grad_tensors.values()] + [("param", p) for p in self.grad_tensors]
+        reads += [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
+        reads += [("lr", self.io["lr"]), ("step", self.io["step"])]
+        writes = [("param", p) for p in self.grad_tensors] + [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
+        writes.append(("step", self.io["step"]))
+        return Op(op_index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
+
+
+# ---- phase 2 ------------------------------------------------------------------------------------
+def size_slots(raw_tensors: list[dict]) -> list[TensorSpec]:
+    """Each slot takes the largest size over the variants that use it."""
+    specs = []
+    for t in raw_tensors:
+        itemsize = DTYPE_BYTES[t["dtype"]]
+        shapes = t["shapes"]
+        if isinstance(shapes, dict):
+            variant_shapes = tuple(sorted(shapes.items()))
+            slot = max(shapes.values(), key=math.prod)
+            nbytes = max(math.prod(s) for s in shapes.values()) * itemsize
+        else:
+            variant_shapes, slot, nbytes = (), tuple(shapes), math.prod(shapes) * itemsize
+        specs.append(TensorSpec(t["id"], t["name"], t["region"], t["dtype"], slot, nbytes, -1, t["graph"], variant_shapes))
+    return specs
+
+
+class Compiler:
+    """Compile an ArchPlan for a set of input shapes (variants).
+
+    >>> from blueprint import zoo
+    >>> from planner import ArchPlan
+    >>> arch = ArchPlan.from_blueprint(zoo.resnet20())
+    >>> plan = Compiler(arch).compile(variants={"train": (8, 32, 32, 3), "eval": (4, 32, 32, 3)})
+    >>> plan.params_trainable
+    272474
+    """
+
+    def __init__(self, arch: ArchPlan):
+        if not isinstance(arch, ArchPlan):
+            raise TypeError(f"Compiler(arch): expected an ArchPlan, got {type(arch).__name__}")
+        self.arch = arch
+
+    def compile(self, variants: dict[str, Shape], training: bool = True, optimizer_state_slots: int = 1) -> CompiledPlan:
+        from planner.memory import plan_memory
+
+        start = time.perf_counter()
+        if not variants:
+            raise ValueError("Compiler.compile(variants): give at least one variant, e.g. {'train': (32, 32, 32, 3)}")
+        if optimizer_state_slots not in (0, 1, 2):
+            raise ValueError(f"Compiler.compile(optimizer_state_slots): expected 0, 1 or 2, got {optimizer_state_slots}")
+        arch = self.arch
+        variants = {name: tuple(shape) for name, shape in variants.items()}
+        variants_of: dict[str, list[str]] = {}
+        for name in variants:
+            graph = "train" if training and name.startswith("train") else "eval"
+            variants_of.setdefault(graph, []).append(name)
+        value_shapes, param_shapes = infer_shapes(arch, variants)                        # 1
+        act_dtype = "float16" if arch.amp else "float32"
+        builder = _GraphBuilder(arch, value_shapes, param_shapes, variants_of, act_dtype, training,
+                                optimizer_state_slots if training else 0)
+        graphs = {graph: builder.build(graph) for graph in sorted(variants_of, reverse=True)}   # 4
+        tensors = size_slots(builder.tensors)                                            # 2
+        tensors, memory = plan_memory(tensors, graphs)                                   # 3
+        variant_plans = share_variants(variants, variants_of, tensors)                   # 5
+        macs = {}
+        for position, (_, prim) in enumerate(builder.prims):
+            shapes = value_shapes[next(iter(variants))]
+            ins = [shapes[v] for v in prim.inputs]
+            out = shapes[prim.output]
+            macs[position] = REGISTRY[prim.kind].macs(prim, [(1,) + s[1:] for s in ins], (1,) + out[1:] if out else out)
+        plan = CompiledPlan(arch, tuple(p for _, p in builder.prims), variant_plans, value_shapes, graphs,
+                            tuple(tensors), tuple(builder.params), memory, dict(builder.io), macs, act_dtype,
+                            training, optimizer_state_slots if training else 0)
+        return replace(plan, compile_ms=(time.perf_counter() - start) * 1e3)
+
+
+# ---- phase 5 ------------------------------------------------------------------------------------
+def share_variants(variants, variants_of, tensors) -> dict[str, VariantPlan]:
+    """Every shape in a graph follows from the input shape, so (graph, input shape) is the signature."""
+    return {name: VariantPlan(name, graph, variants[name], (graph, variants[name]))
+            for graph, names in variants_of.items() for name in names}

@@ -1,0 +1,147 @@
+"""The memory plan: every tensor of a CompiledPlan gets (region, offset, nbytes) in one arena.
+
+Algorithm. Persistent regions (params, weights16, grads, optim, bn_stats, io, scalars) are
+laid out once, tensors back to back in plan order, each 256-byte aligned; grads, optimizer
+state and fp16 weights mirror the parameter layout element for element, so one kernel can
+sweep a whole region. Saved activations (written in forward, read in backward) and transient
+tensors (everything else that lives inside one step) get offsets from their lifetimes over
+the op schedule: lifetimes -> greedy-by-size best-fit allocator (planner.memory_alloc) ->
+offsets. The eval graph's transients overlay the train graph's in the same region.
+Never planned: host-side buffers (the data loader's batches) and per-kernel registers or
+shared memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from planner.memory_alloc import assign_offsets, live_lower_bound
+
+ALIGNMENT = 256
+PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
+
+
+def align(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True, slots=True)
+class GraphMemory:
+    graph: str
+    saved_bytes: int                    # the saved region as planned for this graph
+    transient_planned_bytes: int
+    transient_lower_bound_bytes: int    # max over the schedule of live transient bytes
+    transient_no_reuse_bytes: int       # every transient in its own slot
+    saved_for_backward_bytes: int       # bytes of step-local tensors live between forward and backward
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    regions: dict                       # name -> (offset, nbytes)
+    arena_bytes: int
+    graphs: dict                        # graph name -> GraphMemory
+
+    @property
+    def train(self) -> GraphMemory:
+        return self.graphs.get("train") or self.graphs["eval"]
+
+    @property
+    def transient_planned_bytes(self) -> int:
+        return self.regions["transient"][1]
+
+    @property
+    def transient_lower_bound_bytes(self) -> int:
+        return max(g.transient_lower_bound_bytes for g in self.graphs.values())
+
+    @property
+    def transient_no_reuse_bytes(self) -> int:
+        return max(g.transient_no_reuse_bytes for g in self.graphs.values())
+
+    @property
+    def fragmentation(self) -> float:
+        bound = self.transient_lower_bound_bytes
+        return self.transient_planned_bytes / bound - 1.0 if bound else 0.0
+
+    @property
+    def saved_for_backward_bytes(self) -> int:
+        return self.graphs["train"].saved_for_backward_bytes if "train" in self.graphs else 0
+
+    def report(self) -> str:
+        lines = [f"{'region':<12}{'bytes':>16}  human"]
+        for name, (_, nbytes) in self.regions.items():
+            lines.append(f"{name:<12}{nbytes:>16,}  {human_bytes(nbytes)}")
+        lines.append(f"{'arena':<12}{self.arena_bytes:>16,}  {human_bytes(self.arena_bytes)}")
+        lines.append(f"transient: planned {human_bytes(self.transient_planned_bytes)}, lower bound "
+                     f"{human_bytes(self.transient_lower_bound_bytes)}, no reuse {human_bytes(self.transient_no_reuse_bytes)}, "
+                     f"fragmentation {self.fragmentation:.1%}")
+        if "train" in self.graphs:
+            lines.append(f"saved for backward: {human_bytes(self.saved_for_backward_bytes)}")
+        return "\n".join(lines)
+
+
+def human_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
+        nbytes /= 1024
+    return f"{nbytes:.1f} GiB"
+
+
+def lifetimes(graph) -> dict[int, tuple[int, int]]:
+    """First and last op index touching each tensor of a graph's schedule."""
+    span: dict[int, tuple[int, int]] = {}
+    for op in graph.ops:
+        for _, tid in op.reads + op.writes:
+            first, last = span.get(tid, (op.index, op.index))
+            span[tid] = (min(first, op.index), max(last, op.index))
+    return span
+
+
+def plan_memory(tensors, graphs):
+    offsets: dict[int, int] = {}
+    regions: dict[str, tuple[int, int]] = {}
+    cursor = 0
+    for region in PERSISTENT_REGIONS:
+        start = cursor
+        for t in tensors:
+            if t.region == region:
+                offsets[t.id] = cursor
+                cursor += align(t.nbytes)
+        regions[region] = (start, cursor - start)
+    graph_memory = {}
+    planned_size = {"saved": 0, "transient": 0}
+    relative: dict[int, tuple[str, int]] = {}
+    for name, graph in graphs.items():
+        span = lifetimes(graph)
+        per_region = {}
+        for region in ("saved", "transient"):
+            members = [t for t in tensors if t.graph == name and t.region == region]
+            unused = [t.name for t in members if t.id not in span]
+            if unused:
+                raise AssertionError(f"planner bug: tensors {unused[:5]} of graph {name!r} are never used by an op")
+            sizes = np.array([t.nbytes for t in members], dtype=np.int64)
+            first = np.array([span[t.id][0] for t in members], dtype=np.int32)
+            last = np.array([span[t.id][1] for t in members], dtype=np.int32)
+            placed, size = assign_offsets(sizes, first, last, ALIGNMENT)
+            bound = live_lower_bound(sizes, first, last, ALIGNMENT)
+            for t, off in zip(members, placed.tolist()):
+                relative[t.id] = (region, off)
+            planned_size[region] = max(planned_size[region], size)
+            per_region[region] = (size, bound, int(sum(align(int(s)) for s in sizes)), members, span)
+        boundary_bytes = 0
+        if graph.boundary >= 0:
+            for region in ("saved", "transient"):
+                for t in per_region[region][3]:
+                    first, last = per_region[region][4][t.id]
+                    if first < graph.boundary <= last:
+                        boundary_bytes += t.nbytes
+        graph_memory[name] = GraphMemory(name, per_region["saved"][0], per_region["transient"][0],
+                                         per_region["transient"][1], per_region["transient"][2], boundary_bytes)
+    for region in ("saved", "transient"):
+        regions[region] = (cursor, planned_size[region])
+        cursor += planned_size[region]
+    for tid, (region, off) in relative.items():
+        offsets[tid] = regions[region][0] + off
+    placed_tensors = [replace(t, offset=offsets[t.id]) for t in tensors]
+    return placed_tensors, MemoryPlan(regions, cursor, graph_memory)
