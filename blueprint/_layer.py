@@ -69,17 +69,17 @@ class BlockStyle(enum.Enum):
 
 
 # ---- parameter records, one per kind family --------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RepeatParams:
     times: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class NameParams:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ConvParams:
     out_channels: int
     kernel: int
@@ -87,14 +87,14 @@ class ConvParams:
     padding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DepthwiseParams:
     kernel: int
     stride: int
     padding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GroupConvParams:
     out_channels: int
     groups: int
@@ -103,41 +103,41 @@ class GroupConvParams:
     padding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BnParams:
     momentum: float
     eps: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SlopeParams:
     slope: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class DropoutParams:
     p: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FcParams:
     out_features: int
     bias: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PoolParams:
     kernel: int
     stride: int
     padding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ChannelPaddingParams:
     multiple: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CbrParams:
     out_channels: int
     kernel: int
@@ -147,7 +147,7 @@ class CbrParams:
     eps: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CbrpParams:
     out_channels: int
     conv_kernel: int
@@ -158,14 +158,14 @@ class CbrpParams:
     pool_padding: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BlockParams:
     style: BlockStyle
     mid_channels: int | None  # None for the basic (3x3, 3x3) styles
     out_channels: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MbconvParams:
     expand_ratio: int
     out_channels: int
@@ -174,7 +174,7 @@ class MbconvParams:
 
 
 # ---- the tree ----------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Layer:
     """One node of a network: a kind, its frozen parameter record, its child layers."""
 
@@ -219,7 +219,7 @@ def map_layers(layer: Layer, fn: Callable[[Layer], Layer]) -> Layer:
     return fn(layer)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class BluePrint:
     """A whole network as one immutable value; wraps a root `Layer` and adds no semantics.
 

@@ -88,7 +88,7 @@ def _chain(constructor: str, calls: list[tuple[str, str]]) -> str:
 
 # ---------------------------------------------------------------- loss
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CrossEntropyLoss:
     """Softmax cross-entropy with mean reduction and PyTorch's label smoothing.
 
@@ -113,7 +113,7 @@ class CrossEntropyLoss:
 
 # ---------------------------------------------------------------- optimizers
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SGD:
     """Stochastic gradient descent exactly as ``torch.optim.SGD`` (coupled weight decay).
 
@@ -184,7 +184,6 @@ class SGD:
 class _AdamSetters:
     """Setters shared by Adam and AdamW (the two differ in defaults and in ``decoupled``)."""
 
-    __slots__ = ()
     state_slots: ClassVar[int] = 2  # first and second moment
 
     def lr(self, x: float):
@@ -216,7 +215,7 @@ class _AdamSetters:
         return _chain(f"{type(self).__name__}()", calls)
 
 
-@dataclass(frozen=True, slots=True, repr=False)
+@dataclass(frozen=True, repr=False)
 class Adam(_AdamSetters):
     """Adam exactly as ``torch.optim.Adam`` (weight decay added to the gradient).
 
@@ -237,7 +236,7 @@ class Adam(_AdamSetters):
     decoupled: ClassVar[bool] = False
 
 
-@dataclass(frozen=True, slots=True, repr=False)
+@dataclass(frozen=True, repr=False)
 class AdamW(_AdamSetters):
     """AdamW exactly as ``torch.optim.AdamW`` (decoupled weight decay, default 1e-2).
 
@@ -286,7 +285,7 @@ def _common_calls(schedule, default_per_batch: bool) -> list[tuple[str, str]]:
     return calls
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ConstantLR:
     """The base learning rate at every step (not torch's ``ConstantLR``, which scales a prefix).
 
@@ -315,7 +314,7 @@ class ConstantLR:
         return _chain("ConstantLR()", calls)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepLR:
     """``base * gamma ** (position // step_size)``, as ``torch.optim.lr_scheduler.StepLR``.
 
@@ -365,7 +364,7 @@ class StepLR:
         return _chain("StepLR()", calls + _common_calls(self, False))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MultiStepLR:
     """``base * gamma ** (number of milestones <= position)``, as torch's ``MultiStepLR``.
 
@@ -419,7 +418,7 @@ class MultiStepLR:
         return _chain("MultiStepLR()", calls + _common_calls(self, False))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CosineAnnealingLR:
     """Linear warmup, then cosine annealing from ``base`` to ``eta_min``.
 

@@ -154,7 +154,7 @@ def small_cnn(num_classes: int = 10) -> BluePrint:
     return BluePrint(root, "small_cnn")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ZooEntry:
     build: Callable[..., BluePrint]
     input_shape: tuple[int, int, int]  # (H, W, C) the model is made for

@@ -136,7 +136,7 @@ def _reduction_grid(rows, channels):
 
 def batchnorm_stats(launcher, x2d, sums, sumsq):
     """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (zeroes them first)."""
-    channels = x2d.shape[-1]
+    channels = tuple(x2d.shape)[-1]
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
     fill_zero(launcher, sums)
     fill_zero(launcher, sumsq)
@@ -145,7 +145,7 @@ def batchnorm_stats(launcher, x2d, sums, sumsq):
 
 def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, relu, residual, spread_is_var, eps):
     head = (_flat(x2d), mean, spread, gamma, beta)
-    tail = (_flat(y2d), np.int32(x2d.shape[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
+    tail = (_flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
     if residual is None:
         launcher.launch(_batchnorm_apply, *grid_1d(x2d.size), *head, *tail)
     else:
@@ -156,7 +156,7 @@ def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_inv
                             momentum, eps, relu=False, residual=None, sums_ready=False):
     """Training BN (+ residual add) (+ ReLU). ``sums_ready``: a convolution epilogue already
     accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``."""
-    channels = x2d.shape[-1]
+    channels = tuple(x2d.shape)[-1]
     if not sums_ready:
         batchnorm_stats(launcher, x2d, save_mean, save_invstd)
     launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
@@ -171,7 +171,7 @@ def batchnorm_forward_eval(launcher, x2d, gamma, beta, running_mean, running_var
 
 def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):
     """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated."""
-    channels = x2d.shape[-1]
+    channels = tuple(x2d.shape)[-1]
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
     fill_zero(launcher, dgamma)
     fill_zero(launcher, dbeta)

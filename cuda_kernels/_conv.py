@@ -17,7 +17,7 @@ from numba import cuda
 
 from ._elementwise import fill_zero
 from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
-from ._registry import F1, H1, H_ZERO, SIMULATOR, ZERO, grid_1d, kernel, nbt
+from ._registry import F1, H1, SIMULATOR, ZERO, grid_1d, kernel, nbt
 from ._tile import BK, BM, BN, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
@@ -36,7 +36,7 @@ def _x_patch(x, geo, g, pixel, patch):
     h, w = oh * s - p + kh, ow * s - p + kw
     if 0 <= h < h_ and 0 <= w < w_:
         return x[((b * h_ + h) * w_ + w) * c_in + g * cin_g + ci]
-    return H_ZERO
+    return f16(ZERO)
 
 
 @cuda.jit(device=True)
@@ -64,7 +64,7 @@ def _load_dy_gather(dy, geo, g, m, k):
         oh, ow = ohs // s, ows // s
         if oh < oh_ and ow < ow_:
             return dy[((b * oh_ + oh) * ow_ + ow) * c_out + g * cout_g + co]
-    return H_ZERO
+    return f16(ZERO)
 
 
 @cuda.jit(device=True)
@@ -200,11 +200,11 @@ def _depthwise_forward(x, w, y, geo):
         oh, b = t % oh_, t // oh_
         acc = ZERO
         for i in range(kh_):
-            h = oh * s - p + i
+            xh = oh * s - p + i
             for j in range(kw_):
-                w = ow * s - p + j
-                if 0 <= h < h_ and 0 <= w < w_:
-                    acc += f32(x[((b * h_ + h) * w_ + w) * c_ + c]) * f32(w[(c * kh_ + i) * kw_ + j])
+                xw = ow * s - p + j
+                if 0 <= xh < h_ and 0 <= xw < w_:
+                    acc += f32(x[((b * h_ + xh) * w_ + xw) * c_ + c]) * f32(w[(c * kh_ + i) * kw_ + j])
         y[o] = f16(acc)
 
 
@@ -277,7 +277,7 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
     from ._batchnorm import batchnorm_stats
     c_out, kh, kw, cin_g = w.shape
     pixels = y.size // c_out
-    if _is_depthwise(x.shape, w.shape, groups):
+    if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
         geo = _geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw)
         launcher.launch(_depthwise_forward, *grid_1d(y.size), _flat(x), _flat(w), _flat(y), geo)
         if bn_sums is not None:
@@ -298,7 +298,7 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     c_out, kh, kw, cin_g = w.shape
     pixels_out = dy.size // c_out
     fill_zero(launcher, dw)
-    if _is_depthwise(x.shape, w.shape, groups):
+    if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
         splits, chunk = _reduction_split(pixels_out, math.ceil(dw.size / 256), 64)
         geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, chunk)
         launcher.launch(_depthwise_backward_weight, (math.ceil(dw.size / 128), splits), 128,
@@ -314,7 +314,7 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     launcher.launch(_conv2d_backward_weight, gemm_grid(cout_g, kh * kw * cin_g, groups, splits), BLOCK,
                     _flat(dy), _flat(x), _flat(dw), geo)
     if dx is not None:
-        pixels_in = dx.size // dx.shape[-1]
+        pixels_in = dx.size // tuple(dx.shape)[-1]
         geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, pixels_in, cin_g, kh * kw * cout_g,
                         0, accumulate)
         launcher.launch(_conv2d_backward_data, gemm_grid(pixels_in, cin_g, groups), BLOCK,

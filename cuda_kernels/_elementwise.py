@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._registry import B1, F1, F32, H1, H_ZERO, HALF, I1, I32, ONE, U64, W1, ZERO, grid_1d, kernel
+from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, grid_1d, kernel
 from ._registry import nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
@@ -126,7 +126,7 @@ def accumulate_into(launcher, dst, src, accumulate):
 def _channel_pad_forward(x, y, c_in, c_out):
     for i in range(cuda.grid(1), y.size, cuda.gridsize(1)):
         c = i % c_out
-        y[i] = x[(i // c_out) * c_in + c] if c < c_in else H_ZERO
+        y[i] = x[(i // c_out) * c_in + c] if c < c_in else f16(ZERO)
 
 
 @kernel("channel_pad_backward", (H1, H1, I32, I32, I32))
@@ -138,12 +138,12 @@ def _channel_pad_backward(dy, dx, c_in, c_out, accumulate):
 def channel_pad_forward(launcher, x, y):
     """Copy ``x`` into the first channels (last axis) of ``y``; zeros in the new ones."""
     launcher.launch(_channel_pad_forward, *grid_1d(y.size), _flat(x), _flat(y),
-                    np.int32(x.shape[-1]), np.int32(y.shape[-1]))
+                    np.int32(tuple(x.shape)[-1]), np.int32(tuple(y.shape)[-1]))
 
 
 def channel_pad_backward(launcher, dy, dx, accumulate):
     launcher.launch(_channel_pad_backward, *grid_1d(dx.size), _flat(dy), _flat(dx),
-                    np.int32(dx.shape[-1]), np.int32(dy.shape[-1]), np.int32(accumulate))
+                    np.int32(tuple(dx.shape)[-1]), np.int32(tuple(dy.shape)[-1]), np.int32(accumulate))
 
 
 # Dropout: splitmix64 as in cpu_ref.reference.dropout_uniform, in uint64 only (bit-exact).
@@ -164,7 +164,7 @@ def _dropout_forward(x, y, mask, seed, threshold, scale, step):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         keep = (_mix64(key + (u64(i) + _U1) * _GOLDEN) >> _S11) >= threshold
         mask[i] = 1 if keep else 0
-        y[i] = f16(f32(x[i]) * scale) if keep else H_ZERO
+        y[i] = f16(f32(x[i]) * scale) if keep else f16(ZERO)
 
 
 @kernel("dropout_backward", (B1, H1, H1, F32, I32))
@@ -213,7 +213,7 @@ def _fill_zero_u32(x):
 @kernel("fill_zero_f16", (H1,))
 def _fill_zero_f16(x):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        x[i] = H_ZERO
+        x[i] = f16(ZERO)
 
 
 def fill_zero(launcher, x):

@@ -15,7 +15,9 @@ import math
 
 from numba import cuda
 
-from ._registry import H_ZERO, ZERO, geometry, int32_tuple, nbt
+from ._registry import ZERO, geometry, int32_tuple, nbt
+
+f16 = nbt.float16
 from ._tile import BK, BM, BN, THREADS_PER_BLOCK, TM, TN, TX, TY, tile_mma
 
 GEOMETRY_FIELDS = ("gemm_m", "gemm_n", "gemm_k", "batch", "h", "w", "c_in", "oh", "ow", "c_out",
@@ -50,14 +52,14 @@ def make_mainloop(load_a, load_b, a_k_fastest, b_k_fastest):
                 else:
                     kk, mm = e // BM, e % BM
                 m, k = m0 + mm, k0 + kk
-                As[kk, mm] = load_a(a, geo, g, m, k) if (m < gemm_m and k < k_end) else H_ZERO
+                As[kk, mm] = load_a(a, geo, g, m, k) if (m < gemm_m and k < k_end) else f16(ZERO)
             for e in range(tid, BN * BK, THREADS_PER_BLOCK):
                 if b_k_fastest:
                     kk, nn = e % BK, e // BK
                 else:
                     kk, nn = e // BN, e % BN
                 n, k = n0 + nn, k0 + kk
-                Bs[kk, nn] = load_b(b, geo, g, k, n) if (n < gemm_n and k < k_end) else H_ZERO
+                Bs[kk, nn] = load_b(b, geo, g, k, n) if (n < gemm_n and k < k_end) else f16(ZERO)
             cuda.syncthreads()
             tile_mma(As, Bs, acc)
             cuda.syncthreads()

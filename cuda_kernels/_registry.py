@@ -14,6 +14,7 @@ Conventions of every kernel in this package:
   arguments; everything that changes per step (lr, step, loss scale, overflow flag)
   is read from 1-element device arrays.
 """
+import importlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -42,8 +43,8 @@ def geometry(n):
 
 
 # Typed constants shared by the kernels (a bare ``0.5`` would be fp64 on the device).
+# No fp16 constants: a global np.float16 lowers to invalid NVVM IR; write ``f16(ZERO)``.
 ZERO, ONE, HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
-H_ZERO = np.float16(0.0)
 
 # Elementwise kernels use grid-stride loops, so block and grid sizes are free. The
 # simulator runs one Python thread per CUDA thread: small ones keep it fast.
@@ -92,12 +93,16 @@ def kernel(name, signature):
     return declare
 
 
-def check_args(spec, args):
-    """Raise ``TypeError`` unless ``args`` have exactly the types of ``spec.signature``."""
+def check_args(spec, args, host_stand_ins=False):
+    """Raise ``TypeError`` unless ``args`` have exactly the types of ``spec.signature``.
+
+    ``host_stand_ins``: numpy arrays stand for device arrays of the same type (the
+    ``--dry-run`` of benchmarks/gpu_check.py, which has no device); never for launches.
+    """
     if len(args) != len(spec.signature):
         raise TypeError(f"{spec.name}: expects {len(spec.signature)} arguments {spec.argnames}, got {len(args)}")
     for name, arg, expected in zip(spec.argnames, args, spec.signature):
-        if isinstance(arg, np.ndarray):
+        if isinstance(arg, np.ndarray) and not host_stand_ins:
             raise TypeError(
                 f"{spec.name}: argument {name!r} is a host numpy array {arg.dtype}{arg.shape}. Kernels take "
                 f"device arrays only (numba would copy a host array at every launch, which breaks graph "
@@ -107,7 +112,17 @@ def check_args(spec, args):
             raise TypeError(f"{spec.name}: argument {name!r} expects {expected}, got {got}")
 
 
+KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_linear", "_loss", "_optim")
+
+
+def all_kernels():
+    """The complete table (imports every kernel module of the package)."""
+    for module in KERNEL_MODULES:
+        importlib.import_module(f"{__package__}.{module}")
+    return dict(KERNELS)
+
+
 def compile_all():
     """Compile every kernel of the table for its signature (a warm-up before capture)."""
-    for spec in KERNELS.values():
+    for spec in all_kernels().values():
         spec.compile()

@@ -12,12 +12,16 @@ provide the same three functions with the same meaning; the simulator keeps this
 """
 from numba import cuda
 
-from ._registry import nbt
+from ._registry import SIMULATOR, nbt
 
 f32 = nbt.float32
-BM, BN, BK = 64, 64, 16           # block tile (rows, columns, reduction slice)
-TX, TY = 16, 16                   # threads per block: (x, y)
-TM, TN = BM // TY, BN // TX       # accumulators per thread
+# The simulator runs one Python thread per CUDA thread and polls them at every
+# syncthreads: it gets a 4x smaller block (8x8 threads, same 4x4 accumulators per thread,
+# same code). The GPU configuration is compiled by the PTX tests and checked against
+# numpy at real shapes by benchmarks/gpu_check.py.
+TX, TY = (8, 8) if SIMULATOR else (16, 16)   # threads per block: (x, y)
+TM, TN = 4, 4                                # accumulators per thread
+BM, BN, BK = TY * TM, TX * TN, 16            # block tile (rows, columns, reduction slice)
 THREADS_PER_BLOCK = TX * TY
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -143,6 +144,7 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
     value_shapes: dict[str, dict[int, Shape]] = {}
     param_shapes: dict[int, list[tuple[ParamRule, Shape]]] = {}
     seen_in: dict[int, tuple[str, Shape]] = {}
+    prims = [(REGISTRY[prim.kind], prim) for _, prim in _primitive_list(arch)]
     for variant, shape in variants.items():
         shape = tuple(shape)
         if len(shape) != 4 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
@@ -152,8 +154,7 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
                              f"but the variant's input shape {shape} has {shape[3]}; pass in_channels={shape[3]} "
                              f"to ArchPlan.from_blueprint")
         shapes = {NETWORK_INPUT: shape}
-        for position, (_, prim) in enumerate(_primitive_list(arch)):
-            rule = REGISTRY[prim.kind]
+        for position, (rule, prim) in enumerate(prims):
             ins = [shapes[v] for v in prim.inputs]
             shapes[prim.output] = rule.shape(prim, ins)
             params = rule.params(prim, ins)
@@ -183,6 +184,11 @@ class _GraphBuilder:
         self.tensors: list[dict] = []
         self.params: list[ParamSpec] = []
         self.prims = _primitive_list(arch)
+        self.positions_of: dict[int, list[int]] = {}          # arch layer index -> its primitive positions
+        for position, (owner, _) in enumerate(self.prims):
+            self.positions_of.setdefault(owner, []).append(position)
+        self.producer = {prim.output: prim for _, prim in self.prims}
+        self.extras_of: dict[tuple[int, str], tuple] = {}     # (position, graph) -> rule.extras per variant
         self.param_tensors: dict[int, dict[str, int]] = {}   # primitive position -> suffix -> tensor
         self.grad_tensors: dict[int, int] = {}               # param tensor -> grad tensor
         self.io: dict[str, int] = {}
@@ -190,6 +196,8 @@ class _GraphBuilder:
         self.logits_value = arch.output_value
         self.loss_value = arch.layers[-1].output
         self._persistent(param_shapes)
+        self.trainable_positions = {position for position, tids in self.param_tensors.items()   # have trainable params
+                                    if any(self.tensors[t]["region"] == "params" for t in tids.values())}
 
     def new_tensor(self, name, region, dtype, shapes, graph=""):
         """`shapes` is one shape (persistent) or {variant: shape}."""
@@ -216,8 +224,7 @@ class _GraphBuilder:
                         layout = ""
                 self.params.append(ParamSpec(name, tid, shape, rule.region, rule.init, position, layout,
                                              flatten_from, fan_in, fan_out))
-        names = [p.name for p in self.params]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(p.name for p in self.params).items() if count > 1)
         if duplicates:
             raise ShapeError(f"two layers produce the same parameter names {duplicates[:5]}; wrap one of them in "
                              f"named('...', ...) to give it a distinct scope")
@@ -241,8 +248,7 @@ class _GraphBuilder:
             self.io[name] = self.new_tensor(name, "scalars", dtype, ())
 
     def _flatten_source(self, prim) -> Shape | None:
-        producer = {p.output: p for _, p in self.prims}
-        source = producer.get(prim.inputs[0])
+        source = self.producer.get(prim.inputs[0])
         if source is not None and source.kind == "flatten":
             shapes = next(iter(self.value_shapes.values()))
             return shapes[source.inputs[0]][1:]
@@ -317,29 +323,42 @@ class _GraphBuilder:
     def _needs_grad(self) -> set[int]:
         needs = set()
         for position, (_, prim) in enumerate(self.prims):
-            if any(v in needs for v in prim.inputs) or any(
-                    self.tensors[t]["region"] == "params" for t in self.param_tensors.get(position, {}).values()):
+            if any(v in needs for v in prim.inputs) or position in self.trainable_positions:
                 needs.add(prim.output)
         return needs
 
     def _positions(self, index: int) -> list[int]:
-        return [pos for pos, (owner, _) in enumerate(self.prims) if owner == index]
+        return self.positions_of.get(index, [])
+
+    def _variant_extras(self, prim, position, graph) -> list:
+        """The extras of a primitive as [(extra, {variant: shape})] over the variants of a graph (computed once)."""
+        key = (position, graph)
+        if key not in self.extras_of:
+            rule = REGISTRY[prim.kind]
+            variants = self.variants_of[graph]
+            per_variant = [rule.extras(prim, [self.value_shapes[v][i] for i in prim.inputs], self.value_shapes[v][prim.output])
+                           for v in variants]
+            if per_variant[0]:
+                by_role = [dict((e.role, s) for e, s in extras) for extras in per_variant]
+                self.extras_of[key] = [(extra, {v: roles[extra.role] for v, roles in zip(variants, by_role)})
+                                       for extra, _ in per_variant[0]]
+            else:
+                self.extras_of[key] = []
+        return self.extras_of[key]
 
     def _extras(self, prim, position, graph, shapes_of, phase):
-        rule = REGISTRY[prim.kind]
+        extras = self._variant_extras(prim, position, graph)
+        if not extras:
+            return []
         out = []
-        for extra, _ in rule.extras(prim, [self.value_shapes[self.variants_of[graph][0]][v] for v in prim.inputs],
-                                    self.value_shapes[self.variants_of[graph][0]][prim.output]):
+        for extra, variant_shapes in extras:
             if extra.saved and phase == "b":
                 continue
             if graph == "eval" and extra.saved:
                 continue
             if not extra.saved and phase not in extra.phases:
                 continue
-            shapes = {}
-            for v in self.variants_of[graph]:
-                ins = [self.value_shapes[v][i] for i in prim.inputs]
-                shapes[v] = dict((e.role, s) for e, s in rule.extras(prim, ins, self.value_shapes[v][prim.output]))[extra.role]
+            shapes = dict(variant_shapes)
             dtype = self.act_dtype if extra.dtype == "act" else extra.dtype
             region = "saved" if extra.saved else "transient"
             suffix = extra.role if extra.saved else f"{extra.role}_{phase}"
@@ -352,21 +371,24 @@ class _GraphBuilder:
     def _forward_op(self, op_index, index, layer, graph, train, shapes_of) -> Op:
         reads, writes, produced = [], [], set()
         fused = layer.kind in FUSED
+        value_tensor = self.value_tensor
         for position in self._positions(index):
-            _, prim = self.prims[position]
+            prim = self.prims[position][1]
             tag = f"{position}:" if fused else ""
             names = ("a", "b") if prim.kind == "add" else ("x",)
             for role, value in zip(names, prim.inputs):
                 if value not in produced:
-                    reads.append((tag + role, self.value_tensor[value]))
-            for suffix, tid in self.param_tensors.get(position, {}).items():
-                reads.append((tag + suffix, tid))
-                if train and self.tensors[tid]["region"] == "bn_stats":
-                    writes.append((tag + suffix, tid))
-            writes.append((tag + "y", self.value_tensor[prim.output]))
+                    reads.append((tag + role, value_tensor[value]))
+            params = self.param_tensors.get(position)
+            if params:
+                for suffix, tid in params.items():
+                    reads.append((tag + suffix, tid))
+                    if train and self.tensors[tid]["region"] == "bn_stats":
+                        writes.append((tag + suffix, tid))
+            writes.append((tag + "y", value_tensor[prim.output]))
             produced.add(prim.output)
-            extras = self._extras(prim, position, graph, shapes_of, "f")
-            writes += [(tag + role, tid) for role, tid in extras]
+            if self._variant_extras(prim, position, graph):
+                writes += [(tag + role, tid) for role, tid in self._extras(prim, position, graph, shapes_of, "f")]
         attrs = (("training", train),)
         return Op(op_index, layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes), attrs)
 
@@ -377,7 +399,7 @@ class _GraphBuilder:
 
     def _backward_op(self, op_index, index, layer, graph, grads, needs_grad, shapes_of) -> Op | None:
         positions = self._positions(index)
-        has_params = any(self.tensors[t]["region"] == "params" for p in positions for t in self.param_tensors.get(p, {}).values())
+        has_params = any(p in self.trainable_positions for p in positions)
         external = [v for v in layer.inputs if v in needs_grad]
         if not has_params and not external:
             return None
@@ -387,29 +409,28 @@ class _GraphBuilder:
         reads = [("dy", grads[layer.output])]
         writes, attrs = [], []
         saved_values = self._fused_saved_values(layer) if fused else None
-        for position in positions:
-            _, prim = self.prims[position]
-            tag = f"{position}:" if fused else ""
-            rule = REGISTRY[prim.kind]
-            if fused:
-                continue
-            if "input" in rule.saves:
+        for position in () if fused else positions:
+            prim = self.prims[position][1]
+            saves = REGISTRY[prim.kind].saves
+            if "input" in saves:
                 reads.append(("x", self.value_tensor[prim.inputs[0]]))
-            if "output" in rule.saves:
+            if "output" in saves:
                 reads.append(("y", self.value_tensor[prim.output]))
-            for suffix, tid in self.param_tensors.get(position, {}).items():
-                if suffix in ("weight",):
-                    reads.append((suffix, tid))
-            for role, tid in self._saved_extra_tensors(position):
-                reads.append((role, tid))
-            for role, tid in self._extras(prim, position, graph, shapes_of, "b"):
-                writes.append((role, tid))
+            params = self.param_tensors.get(position)
+            if params and "weight" in params:
+                reads.append(("weight", params["weight"]))
+            reads += self._saved_extra_tensors(position)
+            if self._variant_extras(prim, position, graph):
+                writes += self._extras(prim, position, graph, shapes_of, "b")
         if fused:
             reads += self._fused_backward_reads(positions, saved_values)
             writes += self._fused_workspace(positions, saved_values, graph, shapes_of)
         for position in positions:
+            params = self.param_tensors.get(position)
+            if not params:
+                continue
             tag = f"{position}:" if fused else ""
-            for suffix, tid in self.param_tensors.get(position, {}).items():
+            for suffix, tid in params.items():
                 if tid in self.grad_tensors:
                     writes.append((tag + "d" + suffix, self.grad_tensors[tid]))
         roles = ("da", "db") if layer.kind == "add" else tuple(f"dx{i}" if fused else "dx" for i in range(len(layer.inputs)))
@@ -470,13 +491,17 @@ class _GraphBuilder:
 def size_slots(raw_tensors: list[dict]) -> list[TensorSpec]:
     """Each slot takes the largest size over the variants that use it."""
     specs = []
+    sized: dict[tuple, tuple] = {}   # (variant, shape) items -> (variant_shapes, slot, elements); most tensors repeat one
     for t in raw_tensors:
         itemsize = DTYPE_BYTES[t["dtype"]]
         shapes = t["shapes"]
         if isinstance(shapes, dict):
-            variant_shapes = tuple(sorted(shapes.items()))
-            slot = max(shapes.values(), key=math.prod)
-            nbytes = max(math.prod(s) for s in shapes.values()) * itemsize
+            key = tuple(shapes.items())
+            if key not in sized:
+                sized[key] = (tuple(sorted(key)), max(shapes.values(), key=math.prod),
+                              max(math.prod(s) for s in shapes.values()))
+            variant_shapes, slot, elements = sized[key]
+            nbytes = elements * itemsize
         else:
             variant_shapes, slot, nbytes = (), tuple(shapes), math.prod(shapes) * itemsize
         specs.append(TensorSpec(t["id"], t["name"], t["region"], t["dtype"], slot, nbytes, -1, t["graph"], variant_shapes))

@@ -12,14 +12,19 @@ shared memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 
+from planner.compiler import TensorSpec
 from planner.memory_alloc import assign_offsets, live_lower_bound
 
 ALIGNMENT = 256
 PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
+
+
+assert [f.name for f in fields(TensorSpec)] == ["id", "name", "region", "dtype", "shape", "nbytes", "offset", "graph",
+                                               "variant_shapes"], "plan_memory builds TensorSpecs positionally"
 
 
 def align(nbytes: int) -> int:
@@ -89,59 +94,70 @@ def human_bytes(nbytes: float) -> str:
 
 
 def lifetimes(graph) -> dict[int, tuple[int, int]]:
-    """First and last op index touching each tensor of a graph's schedule."""
-    span: dict[int, tuple[int, int]] = {}
+    """First and last op index touching each tensor of a graph's schedule (ops are in index order)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
     for op in graph.ops:
-        for _, tid in op.reads + op.writes:
-            first, last = span.get(tid, (op.index, op.index))
-            span[tid] = (min(first, op.index), max(last, op.index))
-    return span
+        index = op.index
+        for accesses in (op.reads, op.writes):
+            for _, tid in accesses:
+                if tid not in first:
+                    first[tid] = index
+                last[tid] = index
+    return {tid: (index, last[tid]) for tid, index in first.items()}
 
 
 def plan_memory(tensors, graphs):
     offsets: dict[int, int] = {}
     regions: dict[str, tuple[int, int]] = {}
+    by_region: dict[str, list] = {region: [] for region in PERSISTENT_REGIONS}
+    by_graph: dict[tuple[str, str], list] = {(name, region): [] for name in graphs for region in ("saved", "transient")}
+    for t in tensors:
+        if t.region in by_region:
+            by_region[t.region].append(t)
+        elif (t.graph, t.region) in by_graph:
+            by_graph[t.graph, t.region].append(t)
     cursor = 0
     for region in PERSISTENT_REGIONS:
         start = cursor
-        for t in tensors:
-            if t.region == region:
-                offsets[t.id] = cursor
-                cursor += align(t.nbytes)
+        for t in by_region[region]:
+            offsets[t.id] = cursor
+            cursor += align(t.nbytes)
         regions[region] = (start, cursor - start)
     graph_memory = {}
     planned_size = {"saved": 0, "transient": 0}
-    relative: dict[int, tuple[str, int]] = {}
+    placed_members = []  # (region, members, offsets relative to the region)
     for name, graph in graphs.items():
         span = lifetimes(graph)
         per_region = {}
+        boundary_bytes = 0
         for region in ("saved", "transient"):
-            members = [t for t in tensors if t.graph == name and t.region == region]
-            unused = [t.name for t in members if t.id not in span]
-            if unused:
+            members = by_graph[name, region]
+            spans = [span.get(t.id) for t in members]
+            if None in spans:
+                unused = [t.name for t in members if t.id not in span]
                 raise AssertionError(f"planner bug: tensors {unused[:5]} of graph {name!r} are never used by an op")
             sizes = np.array([t.nbytes for t in members], dtype=np.int64)
-            first = np.array([span[t.id][0] for t in members], dtype=np.int32)
-            last = np.array([span[t.id][1] for t in members], dtype=np.int32)
+            first_last = np.array(spans, dtype=np.int32).reshape(-1, 2)
+            first, last = first_last[:, 0].copy(), first_last[:, 1].copy()
             placed, size = assign_offsets(sizes, first, last, ALIGNMENT)
             bound = live_lower_bound(sizes, first, last, ALIGNMENT)
-            for t, off in zip(members, placed.tolist()):
-                relative[t.id] = (region, off)
+            placed_members.append((region, members, placed.tolist()))
             planned_size[region] = max(planned_size[region], size)
-            per_region[region] = (size, bound, int(sum(align(int(s)) for s in sizes)), members, span)
-        boundary_bytes = 0
-        if graph.boundary >= 0:
-            for region in ("saved", "transient"):
-                for t in per_region[region][3]:
-                    first, last = per_region[region][4][t.id]
-                    if first < graph.boundary <= last:
-                        boundary_bytes += t.nbytes
+            no_reuse = int(((sizes + (ALIGNMENT - 1)) // ALIGNMENT * ALIGNMENT).sum())
+            per_region[region] = (size, bound, no_reuse)
+            if graph.boundary >= 0:
+                boundary_bytes += int(sizes[(first < graph.boundary) & (graph.boundary <= last)].sum())
         graph_memory[name] = GraphMemory(name, per_region["saved"][0], per_region["transient"][0],
                                          per_region["transient"][1], per_region["transient"][2], boundary_bytes)
     for region in ("saved", "transient"):
         regions[region] = (cursor, planned_size[region])
         cursor += planned_size[region]
-    for tid, (region, off) in relative.items():
-        offsets[tid] = regions[region][0] + off
-    placed_tensors = [replace(t, offset=offsets[t.id]) for t in tensors]
+    for region, members, placed in placed_members:
+        base = regions[region][0]
+        for t, off in zip(members, placed):
+            offsets[t.id] = base + off
+    # positional, not dataclasses.replace: this runs for every tensor and replace() is ~5x slower
+    placed_tensors = [TensorSpec(t.id, t.name, t.region, t.dtype, t.shape, t.nbytes, offsets[t.id], t.graph,
+                                 t.variant_shapes) for t in tensors]
     return placed_tensors, MemoryPlan(regions, cursor, graph_memory)

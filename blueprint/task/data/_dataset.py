@@ -10,7 +10,7 @@ UINT8_SCALE = 255.0  # uint8 pixels are divided by this before mean/std normalis
 STATS_CHUNK = 4096   # samples per chunk in channel_stats(): never a float copy of the whole set
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, eq=False)
 class ArrayDataset:
     """``x``: images ``(N, H, W, C)`` uint8 or float32; ``y``: labels ``(N,)``, integers >= 0.
 

@@ -28,7 +28,7 @@ ORDER_STREAM = 0    # spawn_key slot for the per-epoch permutation
 AUGMENT_STREAM = 1  # spawn_key slot for the per-batch augmentation draws
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Augment:
     """Training-time augmentation: random crop with ``crop_padding`` zero pixels per side
     (output keeps the input size) and a horizontal flip with probability 1/2.
@@ -78,7 +78,7 @@ def _fill_batch(x, indices, divisor, mean, std, pad, shift_y, shift_x, flip, out
                     out[b, h, w, c] = np.float32((raw / divisor - mean[c]) / std[c])
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, eq=False)
 class DataLoader:
     """Batches of ``(x float32 NHWC C-contiguous, y int64)`` over an :class:`ArrayDataset`.
 

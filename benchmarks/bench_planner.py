@@ -1,0 +1,162 @@
+"""Planner speed (asv) and memory-plan quality.
+
+asv:    `cd benchmarks && asv run` (see asv.conf.json) times `expand_tree`, `ArchPlan.from_blueprint`
+        and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
+        resnet20, resnet50, resnet152 and mobilenet_v2, each with the Cython build and with the
+        pure-Python twins.
+script: `python benchmarks/bench_planner.py` prints the same times with the Cython/pure speedup,
+        then the memory-quality table (transient lower bound, planned, ratio, no reuse) of every
+        zoo model's train graph.
+
+The twins are selected by calling `planner._expand_py` / `planner._memory_py` directly, not
+through BLUEPRINT_PURE_PYTHON (read once at import time).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import planner.expand
+import planner.memory
+from blueprint import zoo
+from planner import ArchPlan, _expand_c, _expand_py, _memory_c, _memory_py
+from planner.compiler import Compiler
+
+MODELS = ("resnet20", "resnet50", "resnet152", "mobilenet_v2")
+BUILDS = ("cython", "pure")
+EXPANDERS = {"cython": _expand_c.expand_tree, "pure": _expand_py.expand_tree}
+ALLOCATORS = {"cython": _memory_c, "pure": _memory_py}
+TRAIN_BATCH, TRAIN_LAST_BATCH, EVAL_BATCH = 32, 16, 8
+
+
+def variants(model: str) -> dict[str, tuple[int, int, int, int]]:
+    hwc = zoo.MODELS[model].input_shape
+    return {"train": (TRAIN_BATCH, *hwc), "train_last": (TRAIN_LAST_BATCH, *hwc), "eval": (EVAL_BATCH, *hwc)}
+
+
+@contextlib.contextmanager
+def using(build: str):
+    """Run the planner with one build of the expander and the offset allocator."""
+    saved = planner.expand._expander, planner.memory.assign_offsets, planner.memory.live_lower_bound
+    allocator = ALLOCATORS[build]
+    planner.expand._expander = lambda: EXPANDERS[build]
+    planner.memory.assign_offsets, planner.memory.live_lower_bound = allocator.assign_offsets, allocator.live_lower_bound
+    try:
+        yield
+    finally:
+        planner.expand._expander, planner.memory.assign_offsets, planner.memory.live_lower_bound = saved
+
+
+# ---- asv ------------------------------------------------------------------------------------------
+class ExpandTree:
+    """The tree walk alone (Cython vs the twin); setup checks both give the same records."""
+
+    params = (MODELS, BUILDS)
+    param_names = ("model", "build")
+
+    def setup(self, model, build):
+        self.bp = zoo.MODELS[model].build()
+        self.channels = zoo.MODELS[model].input_shape[2]
+        records = EXPANDERS[build](self.bp.root, self.channels)
+        if records != _expand_py.expand_tree(self.bp.root, self.channels):
+            raise AssertionError(f"{model}: the {build} expander disagrees with the pure-Python twin")
+
+    def time_expand_tree(self, model, build):
+        EXPANDERS[build](self.bp.root, self.channels)
+
+
+class FromBlueprint:
+    """`ArchPlan.from_blueprint`: expand_tree plus the normalisation passes, unfused and fused."""
+
+    params = (MODELS, BUILDS, (False, True))
+    param_names = ("model", "build", "fuse")
+
+    def setup(self, model, build, fuse):
+        self.bp = zoo.MODELS[model].build()
+        self.context = using(build)
+        self.context.__enter__()
+        ArchPlan.from_blueprint(self.bp, fuse=fuse, amp=fuse)
+
+    def teardown(self, model, build, fuse):
+        self.context.__exit__(None, None, None)
+
+    def time_from_blueprint(self, model, build, fuse):
+        ArchPlan.from_blueprint(self.bp, fuse=fuse, amp=fuse)
+
+
+class Compile:
+    """A full compile with three variants; setup verifies the plan."""
+
+    params = (MODELS, BUILDS)
+    param_names = ("model", "build")
+
+    def setup(self, model, build):
+        self.arch = ArchPlan.from_blueprint(zoo.MODELS[model].build())
+        self.variants = variants(model)
+        self.context = using(build)
+        self.context.__enter__()
+        Compiler(self.arch).compile(self.variants).verify()
+
+    def teardown(self, model, build):
+        self.context.__exit__(None, None, None)
+
+    def time_compile(self, model, build):
+        Compiler(self.arch).compile(self.variants)
+
+
+# ---- script mode ----------------------------------------------------------------------------------
+def best_ms(fn, budget_s: float = 0.4, least: int = 5) -> float:
+    """The fastest of repeated runs (the least disturbed by other load), in ms."""
+    times, start = [], time.perf_counter()
+    while len(times) < least or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def speed_table() -> str:
+    head = (f"{'model':<14}{'expand_tree C':>14}{'pure':>9}{'x':>6}{'from_bp C':>11}{'pure':>9}{'x':>6}"
+            f"{'compile C':>11}{'pure':>9}{'x':>6}")
+    lines = ["times in ms (best of repeated runs); compile = 3 variants (train, train_last, eval)", head]
+    for model in MODELS:
+        bp, channels = zoo.MODELS[model].build(), zoo.MODELS[model].input_shape[2]
+        row = {}
+        for build in BUILDS:
+            with using(build):
+                row["expand", build] = best_ms(lambda: EXPANDERS[build](bp.root, channels))
+                row["from_bp", build] = best_ms(lambda: ArchPlan.from_blueprint(bp))
+                arch = ArchPlan.from_blueprint(bp)
+                Compiler(arch).compile(variants(model)).verify()
+                row["compile", build] = best_ms(lambda: Compiler(arch).compile(variants(model)))
+        cells = "".join(f"{row[what, 'cython']:>{w}.2f}{row[what, 'pure']:>9.2f}{row[what, 'pure'] / row[what, 'cython']:>6.1f}"
+                        for what, w in (("expand", 14), ("from_bp", 11), ("compile", 11)))
+        lines.append(f"{model:<14}{cells}")
+    return "\n".join(lines)
+
+
+def memory_table() -> str:
+    """Transient memory of every zoo model's train graph (train batch TRAIN_BATCH)."""
+    from planner.memory import human_bytes
+
+    lines = [f"transient memory of the train graph, batch {TRAIN_BATCH}, fp32, unfused",
+             f"{'model':<14}{'lower bound':>13}{'planned':>13}{'ratio':>8}{'no reuse':>13}"]
+    for model, entry in zoo.MODELS.items():
+        plan = Compiler(ArchPlan.from_blueprint(entry.build(), in_channels=entry.input_shape[2])).compile(
+            {"train": (TRAIN_BATCH, *entry.input_shape)})
+        train = plan.memory.graphs["train"]
+        bound, planned = train.transient_lower_bound_bytes, train.transient_planned_bytes
+        lines.append(f"{model:<14}{human_bytes(bound):>13}{human_bytes(planned):>13}{planned / bound:>8.3f}"
+                     f"{human_bytes(train.transient_no_reuse_bytes):>13}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(speed_table())
+    print()
+    print(memory_table())

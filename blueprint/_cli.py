@@ -1,0 +1,269 @@
+"""The `blueprint` command line (also `python -m blueprint`).
+
+    blueprint models [--json]                        the model zoo
+    blueprint plan resnet20 --batch 128 [--json]     layers, parameters, MACs and the memory plan
+    blueprint plan path/to/net.py:bp --input-shape 28,28,1 --fuse --amp
+    blueprint train [--model small_cnn] [--data digits] [--epochs N] [--json]   training (the default demo)
+
+Each subcommand is one `add_<name>_command(subparsers)` function that declares its arguments
+and sets `run`, the function that executes it and returns the exit status. A user error (an
+unknown model, a file without the attribute, a shape that does not fit) prints one line,
+`error: ...`, on stderr and exits with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from blueprint import __version__, zoo
+from blueprint._layer import BluePrint, Layer
+from planner import ArchPlan, ExpandError
+from planner.compiler import CompiledPlan, Compiler
+from planner.memory import lifetimes
+from planner.registry import ShapeError
+from planner.verify import PlanError
+
+EXIT_USER_ERROR = 2
+DEFAULT_BATCH = 32
+
+
+class CliError(Exception):
+    """A mistake in the command line or the model file; printed as one `error: ...` line."""
+
+
+USER_ERRORS = (CliError, ExpandError, ShapeError, PlanError, ValueError, TypeError, FileNotFoundError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line on `argv` (default `sys.argv[1:]`) and return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a usage error argparse already printed
+        return stop.code if isinstance(stop.code, int) else 0
+    try:
+        return args.run(args)
+    except USER_ERRORS as error:
+        print("error: " + " ".join(str(error).split()), file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:  # `blueprint plan resnet152 | head`: the reader left; leave quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="blueprint", description="Plan, inspect and train declarative CNNs.")
+    parser.add_argument("--version", action="version", version=f"blueprint-nn {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in SUBCOMMANDS:
+        add_command(subparsers)
+    return parser
+
+
+# ---- blueprint models ---------------------------------------------------------------------------
+def add_models_command(subparsers) -> None:
+    command = subparsers.add_parser("models", help="list the model zoo",
+                                    description="List every zoo model with its input shape and classes.")
+    command.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    command.set_defaults(run=run_models)
+
+
+def run_models(args) -> int:
+    rows = [{"name": name, "input_shape": list(entry.input_shape), "num_classes": entry.num_classes,
+             "summary": entry.summary} for name, entry in zoo.MODELS.items()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(_table(["model", "input (H,W,C)", "classes", "summary"],
+                 [[r["name"], ",".join(map(str, r["input_shape"])), f"{r['num_classes']:,}", r["summary"]]
+                  for r in rows], numeric={2}))
+    return 0
+
+
+# ---- blueprint plan -----------------------------------------------------------------------------
+def add_plan_command(subparsers) -> None:
+    command = subparsers.add_parser(
+        "plan", help="compile a model and print its layers and memory plan",
+        description="Expand and compile MODEL for a train and an eval variant, verify the memory plan, and "
+                    "print every layer's output shape, parameters and MACs, and the arena's regions.")
+    command.add_argument("model", metavar="MODEL",
+                         help="a zoo name (see `blueprint models`) or path/to/file.py:attr, where attr is a "
+                              "BluePrint or a function of no arguments returning one")
+    command.add_argument("--batch", type=_positive_int, default=DEFAULT_BATCH, metavar="N",
+                         help=f"training batch size (default {DEFAULT_BATCH})")
+    command.add_argument("--eval-batch", type=_positive_int, default=None, metavar="N",
+                         help="evaluation batch size (default: --batch)")
+    command.add_argument("--input-shape", type=_input_shape, default=None, metavar="H,W,C",
+                         help="one sample's shape; default: the zoo entry's (required for a file)")
+    command.add_argument("--fuse", action="store_true", help="merge blocks into fused kernels (needs --amp)")
+    command.add_argument("--amp", action="store_true", help="fp16 activations with fp32 master weights")
+    command.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    command.set_defaults(run=run_plan)
+
+
+def run_plan(args) -> int:
+    bp, input_shape = load_model(args.model, args.input_shape)
+    plan = compile_plan(bp, input_shape, args.batch, args.eval_batch or args.batch, args.fuse, args.amp)
+    report = plan_report(plan)
+    if args.json:
+        print(json.dumps({"model": args.model, "input_shape": list(input_shape), "batch": args.batch,
+                          "eval_batch": args.eval_batch or args.batch, "fuse": args.fuse, "amp": args.amp,
+                          **report}, indent=2))
+        return 0
+    mode = ("fp16 activations" if args.amp else "fp32") + (", fused" if args.fuse else ", unfused")
+    print(f"{args.model}: train {plan.variants['train'].input_shape}, eval {plan.variants['eval'].input_shape}; "
+          f"{mode}; {len(report['layers'])} layers")
+    rows = [[l["name"], l["kind"], str(tuple(l["out_shape"])), f"{l['params']:,}", f"{l['macs']:,}"]
+            for l in report["layers"]]
+    rows.append(["total", "", "", f"{report['params_trainable']:,}", f"{report['macs_per_sample']:,}"])
+    print(_table(["layer", "kind", "output (train)", "params", "MACs/sample"], rows, numeric={3, 4}))
+    print()
+    print(plan.memory.report())
+    print(f"compiled and verified in {plan.compile_ms:.1f} ms")
+    return 0
+
+
+def load_model(spec: str, input_shape: tuple[int, int, int] | None) -> tuple[BluePrint, tuple[int, int, int]]:
+    """A zoo name, or `path/to/file.py:attr`; returns the BluePrint and the (H, W, C) to plan for."""
+    if spec in zoo.MODELS:
+        entry = zoo.MODELS[spec]
+        return entry.build(), input_shape or entry.input_shape
+    path, colon, attr = spec.rpartition(":")
+    if not colon and spec.endswith(".py"):
+        raise CliError(f"{spec}: name the BluePrint in the file after a colon, like {spec}:bp")
+    if not colon:
+        raise CliError(f"unknown model {spec!r}: expected a zoo name ({', '.join(zoo.MODELS)}) "
+                       f"or path/to/file.py:attr")
+    bp = load_blueprint_file(Path(path), attr)
+    if input_shape is None:
+        raise CliError(f"{spec}: a model from a file needs --input-shape H,W,C (e.g. --input-shape 32,32,3)")
+    return bp, input_shape
+
+
+def load_blueprint_file(path: Path, attr: str) -> BluePrint:
+    if not path.is_file():
+        raise CliError(f"{path}: no such file (MODEL is a zoo name or path/to/file.py:attr)")
+    if not attr.isidentifier():
+        raise CliError(f"{path}:{attr}: expected an attribute name after the colon, like {path}:bp")
+    module_spec = importlib.util.spec_from_file_location(f"_blueprint_user_model_{path.stem}", path)
+    if module_spec is None:
+        raise CliError(f"{path}: not a Python file (MODEL is a zoo name or path/to/file.py:attr)")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # the user's code: report it as one line whatever it raised
+        raise CliError(f"{path}: running the file raised {type(error).__name__}: {error}") from error
+    if not hasattr(module, attr):
+        found = sorted(n for n, v in vars(module).items() if isinstance(v, BluePrint) and not n.startswith("_"))
+        hint = f"; BluePrints it defines: {', '.join(found)}" if found else ""
+        raise CliError(f"{path} has no attribute {attr!r}{hint}")
+    value = getattr(module, attr)
+    if callable(value) and not isinstance(value, BluePrint):
+        try:
+            inspect.signature(value).bind()
+        except (TypeError, ValueError):
+            raise CliError(f"{path}:{attr} is a callable that needs arguments; expected a BluePrint or a "
+                           f"function of no arguments returning one") from None
+        value = value()
+    if not isinstance(value, BluePrint):
+        hint = f"; wrap the layer as BluePrint({attr})" if isinstance(value, Layer) else ""
+        raise CliError(f"{path}:{attr} has type {type(value).__name__}, expected a BluePrint "
+                       f"(or a function of no arguments returning one){hint}")
+    return value
+
+
+def compile_plan(bp: BluePrint, input_shape, batch: int, eval_batch: int, fuse: bool, amp: bool) -> CompiledPlan:
+    height, width, channels = input_shape
+    arch = ArchPlan.from_blueprint(bp, in_channels=channels, fuse=fuse, amp=amp)
+    plan = Compiler(arch).compile(variants={"train": (batch, height, width, channels),
+                                            "eval": (eval_batch, height, width, channels)},
+                                  training=True, optimizer_state_slots=1)
+    plan.verify()
+    return plan
+
+
+def plan_report(plan: CompiledPlan) -> dict:
+    """The JSON-ready summary: per-layer rows, memory totals and every tensor's slice and lifetime."""
+    memory = plan.memory
+    return {
+        "params_trainable": plan.params_trainable,
+        "macs_per_sample": sum(plan.macs_per_sample.values()),
+        "layers": layer_rows(plan),
+        "memory": {
+            "regions": {name: nbytes for name, (_, nbytes) in memory.regions.items()},
+            "arena_bytes": memory.arena_bytes,
+            "transient_lower_bound_bytes": memory.transient_lower_bound_bytes,
+            "transient_no_reuse_bytes": memory.transient_no_reuse_bytes,
+            "transient_planned_bytes": memory.transient_planned_bytes,
+            "saved_for_backward_bytes": memory.saved_for_backward_bytes,
+            "fragmentation": memory.fragmentation,
+        },
+        "ops": {name: len(graph.ops) for name, graph in plan.graphs.items()},
+        "tensors": tensor_rows(plan),
+        "compile_ms": plan.compile_ms,
+    }
+
+
+def layer_rows(plan: CompiledPlan) -> list[dict]:
+    """One row per layer of the ArchPlan: the primitives, or in a fused plan the fused layers with
+    totals over their sub-primitives (`plan.primitives` lists those in the same order)."""
+    trainable = [0] * len(plan.primitives)
+    for param in plan.params:
+        if param.region == "params":
+            trainable[param.layer] += math.prod(param.shape)
+    shapes = plan.value_shapes["train"]
+    rows, position = [], 0
+    for layer in plan.arch.layers:
+        members = range(position, position + len(layer.sub or (layer,)))
+        position = members.stop
+        rows.append({"name": layer.name, "kind": layer.kind, "out_shape": list(shapes[layer.output]),
+                     "params": sum(trainable[p] for p in members),
+                     "macs": sum(plan.macs_per_sample[p] for p in members)})
+    return rows
+
+
+def tensor_rows(plan: CompiledPlan) -> list[dict]:
+    """Every tensor's slice of the arena; `first_op`/`last_op` index the schedule of its graph (the
+    train graph for persistent tensors), null where that schedule never touches it."""
+    spans = {name: lifetimes(graph) for name, graph in plan.graphs.items()}
+    rows = []
+    for t in plan.tensors:
+        first, last = spans[t.graph or "train"].get(t.id, (None, None))
+        rows.append({"name": t.name, "region": t.region, "graph": t.graph or None, "dtype": t.dtype,
+                     "shape": list(t.shape), "offset": t.offset, "nbytes": t.nbytes,
+                     "first_op": first, "last_op": last})
+    return rows
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return int(text)
+
+
+def _input_shape(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected H,W,C as three positive ints like 32,32,3, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
+    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(row) for row in rows])
+
+
+# One function per subcommand, in `--help` order.
+from blueprint._train_command import add_train_command  # noqa: E402  (it imports load_model from here lazily)
+
+SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command)

@@ -1,0 +1,135 @@
+"""`blueprint train`: train a zoo model (or a BluePrint from a file) on a dataset.
+
+With no arguments it runs the default demo: the zoo's small CNN on the bundled UCI digits,
+on the CPU. Every epoch appends to `OUT/history.jsonl` and rewrites `OUT/checkpoint.safetensors`
+(atomically); at the end `OUT/curves.png` plots loss and accuracy (if matplotlib is installed).
+Ctrl-C saves the checkpoint and exits with status 130.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from blueprint import zoo
+from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
+from blueprint.task import DeepLearningTask
+from blueprint.task.data import Augment, cifar10, digits, synthetic
+
+DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 20, "batch_size": 32, "seed": 0}
+DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
+AUGMENT = {"digits": None, "cifar10": Augment(crop_padding=4, hflip=True), "synthetic": None}
+
+
+def add_train_command(subparsers) -> None:
+    command = subparsers.add_parser("train", help="train a model (default: small_cnn on the bundled digits)",
+                                    description=__doc__.split("\n\n")[0])
+    command.add_argument("--model", default=DEFAULTS["model"], help="zoo name or path/to/file.py:attr (default small_cnn)")
+    command.add_argument("--data", default=DEFAULTS["data"],
+                         help="digits (bundled), cifar10:PATH (the binary CIFAR-10 files) or synthetic (default digits)")
+    command.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
+    command.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    command.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 0.05 sgd, 0.002 adamw)")
+    command.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    command.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    command.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    command.add_argument("--out", default=None, help="output folder (default runs/MODEL-DATA)")
+    command.add_argument("--resume", default=None, help="a checkpoint to continue from")
+    command.add_argument("--json", action="store_true", help="print the final metrics as one JSON object")
+    command.set_defaults(run=run_train)
+
+
+def load_data(spec: str):
+    """(train, val, dataset name) for a --data value."""
+    if spec == "digits":
+        train, val = digits()
+        return train, val, "digits"
+    if spec == "synthetic":
+        return synthetic(2048, seed=0), synthetic(512, seed=1), "synthetic"
+    if spec.startswith("cifar10:"):
+        train, test = cifar10(spec.split(":", 1)[1])
+        return train, test, "cifar10"
+    from blueprint._cli import CliError
+    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}")
+
+
+def build_task(args, train, val, data_name: str) -> DeepLearningTask:
+    from blueprint._cli import CliError, load_model
+
+    if args.epochs < 1 or args.batch_size < 1:
+        raise CliError(f"--epochs and --batch-size must be positive, got {args.epochs} and {args.batch_size}")
+    if args.model in zoo.MODELS:
+        bp = zoo.MODELS[args.model].build(num_classes=max(train.num_classes, val.num_classes)) \
+            if args.model != "mlp" else zoo.mlp([_features(train)] + [256, 128, max(train.num_classes, val.num_classes)])
+    else:
+        bp, _ = load_model(args.model, train.sample_shape)
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+    optimizer = (SGD().momentum(0.9).nesterov(True).weight_decay(5e-4) if args.optimizer == "sgd"
+                 else AdamW().weight_decay(0.05)).lr(lr)
+    return (DeepLearningTask().model(bp).loss(CrossEntropyLoss().label_smoothing(0.05)).optimizer(optimizer)
+            .scheduler(CosineAnnealingLR().warmup(1))
+            .data(train=train, val=val, batch_size=args.batch_size, eval_batch_size=256, augment=AUGMENT[data_name])
+            .epochs(args.epochs).device(args.device).seed(args.seed).progress(not args.json))
+
+
+def _features(dataset) -> int:
+    h, w, c = dataset.sample_shape
+    return h * w * c
+
+
+def run_train(args) -> int:
+    train, val, data_name = load_data(args.data)
+    out = Path(args.out or f"runs/{Path(args.model.split(':')[0]).stem}-{data_name}")
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "checkpoint.safetensors"
+    history_path = out / "history.jsonl"
+    task = build_task(args, train, val, data_name).log(history_path).checkpoint(checkpoint)
+    if args.resume:
+        task = task.resume(args.resume)
+    else:
+        history_path.write_text("")
+    start = time.perf_counter()
+    try:
+        history = task.fit()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: checkpoint saved to {checkpoint} (continue with --resume {checkpoint})", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - start
+    last = history[-1]
+    train_seconds = sum(len(train) / r.images_per_second for r in history)
+    metrics = {"val_accuracy": last.val_accuracy, "val_loss": last.val_loss, "epochs": last.epoch,
+               "seconds": round(seconds, 3), "images_per_second": round(len(train) * len(history) / train_seconds, 1),
+               "checkpoint": str(checkpoint)}
+    plot = _plot(history, out / "curves.png")
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {last.epoch} epochs in {seconds:.1f} s, "
+              f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")
+        print(f"checkpoint {checkpoint}, history {history_path}" + (f", plot {plot}" if plot else ""))
+    if plot is None:
+        print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
+              file=sys.stderr)
+    return 0
+
+
+def _plot(history, path: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    epochs = [r.epoch for r in history]
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.5))
+    loss_ax.plot(epochs, [r.train_loss for r in history], label="train")
+    loss_ax.plot(epochs, [r.val_loss for r in history], label="val")
+    loss_ax.set_xlabel("epoch"), loss_ax.set_ylabel("loss"), loss_ax.legend()
+    acc_ax.plot(epochs, [r.train_accuracy for r in history], label="train")
+    acc_ax.plot(epochs, [r.val_accuracy for r in history], label="val")
+    acc_ax.set_xlabel("epoch"), acc_ax.set_ylabel("accuracy"), acc_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

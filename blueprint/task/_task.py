@@ -1,0 +1,448 @@
+"""`DeepLearningTask`: the chained training API.
+
+Configuration is an immutable value: every setter returns a new task. `fit()` compiles the
+variants it needs once (train, the last partial train batch unless `drop_last`, eval, the
+last partial eval batch), creates the executor for `.device()`, and trains; the trained
+session stays attached to that task value for `evaluate()`, `predict()` and `save()`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import blueprint
+import blueprint.optim as optim
+from blueprint._layer import BluePrint
+from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR
+from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task.data import ArrayDataset, Augment, DataLoader
+
+DEVICES = ("cpu", "cuda")
+CHECKPOINT_FORMAT = "blueprint-task-1"
+
+
+class ConfigError(ValueError):
+    """The task's configuration cannot run; the message says what is missing or inconsistent."""
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    lr: float
+    train_loss: float
+    train_accuracy: float
+    val_loss: float | None
+    val_accuracy: float | None
+    val_top5: float | None
+    seconds: float
+    images_per_second: float
+
+    def metrics(self) -> dict:
+        """Everything but the timings: bit-identical between runs with the same seed on CPU."""
+        return {k: v for k, v in self.as_dict().items() if k not in ("seconds", "images_per_second")}
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class _Session:
+    """The mutable part: compiled plan, executor, position in training, history."""
+
+    plan: object
+    executor: object
+    train_loader: DataLoader
+    val_loader: DataLoader | None
+    eval_batch: int
+    epochs_done: int = 0
+    history: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeepLearningTask:
+    """Train a BluePrint.
+
+    >>> from blueprint import zoo
+    >>> from blueprint.optim import SGD, CrossEntropyLoss, CosineAnnealingLR
+    >>> from blueprint.task.data import digits
+    >>> train, val = digits()
+    >>> task = (DeepLearningTask().model(zoo.small_cnn()).loss(CrossEntropyLoss())
+    ...         .optimizer(SGD().momentum(0.9)).scheduler(CosineAnnealingLR().base_lr(0.05))
+    ...         .data(train=train, val=val, batch_size=64).epochs(1).progress(False))
+    >>> history = task.fit()                                  # doctest: +SKIP
+    >>> task.evaluate(val)["top1"] > 0.5                      # doctest: +SKIP
+    True
+    """
+
+    blueprint_value: BluePrint | None = None
+    loss_config: CrossEntropyLoss = CrossEntropyLoss()
+    optimizer_config: object = SGD()
+    scheduler_config: object = ConstantLR()
+    train_set: ArrayDataset | None = None
+    val_set: ArrayDataset | None = None
+    batch: int = 128
+    eval_batch: int | None = None
+    augmentation: Augment | None = None
+    normalisation: object = "auto"    # "auto": the train set's channel stats; None; or (mean, std)
+    epoch_count: int = 1
+    device_name: str = "cpu"
+    amp_enabled: bool | None = None   # None: the device's default (cpu: False, cuda: True)
+    fuse_enabled: bool | None = None
+    seed_value: int = 0
+    drop_last_batch: bool = False
+    show_progress: bool = True
+    callbacks: tuple = ()
+    log_path: str | None = None
+    checkpoint_path: str | None = None
+    _session: list = field(default_factory=list, compare=False, repr=False)
+
+    # ---- chained setters ------------------------------------------------------------------------------
+    def model(self, bp: BluePrint) -> "DeepLearningTask":
+        if not isinstance(bp, BluePrint):
+            raise TypeError(f"DeepLearningTask.model(bp): expected a BluePrint (e.g. zoo.resnet20()), got {type(bp).__name__}")
+        return self._new(blueprint_value=bp)
+
+    def loss(self, loss: CrossEntropyLoss) -> "DeepLearningTask":
+        if not isinstance(loss, CrossEntropyLoss):
+            raise TypeError(f"DeepLearningTask.loss(loss): expected CrossEntropyLoss(), got {type(loss).__name__}")
+        return self._new(loss_config=loss)
+
+    def optimizer(self, opt) -> "DeepLearningTask":
+        if not isinstance(opt, (SGD, Adam, AdamW)):
+            raise TypeError(f"DeepLearningTask.optimizer(opt): expected SGD(), Adam() or AdamW(), got {type(opt).__name__}")
+        return self._new(optimizer_config=opt.validate())
+
+    def scheduler(self, schedule) -> "DeepLearningTask":
+        if not isinstance(schedule, (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)):
+            raise TypeError("DeepLearningTask.scheduler(s): expected ConstantLR(), StepLR(), MultiStepLR() or "
+                            f"CosineAnnealingLR(), got {type(schedule).__name__}")
+        return self._new(scheduler_config=schedule.validate())
+
+    def data(self, train: ArrayDataset | None = None, val: ArrayDataset | None = None, batch_size: int | None = None,
+             eval_batch_size: int | None = None, augment: Augment | None = None, normalize="auto") -> "DeepLearningTask":
+        for name, value in (("train", train), ("val", val)):
+            if value is not None and not isinstance(value, ArrayDataset):
+                raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got {type(value).__name__}")
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"DeepLearningTask.data({name}=...): expected a positive int, got {value!r}")
+        return self._new(train_set=train, val_set=val, batch=batch_size or self.batch,
+                         eval_batch=eval_batch_size, augmentation=augment, normalisation=normalize)
+
+    def epochs(self, n: int) -> "DeepLearningTask":
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"DeepLearningTask.epochs(n): expected a positive int, got {n!r}")
+        return self._new(epoch_count=n)
+
+    def device(self, name: str) -> "DeepLearningTask":
+        if name not in DEVICES:
+            raise ConfigError(f"DeepLearningTask.device(name): expected one of {DEVICES}, got {name!r}")
+        return self._new(device_name=name)
+
+    def amp(self, enabled: bool) -> "DeepLearningTask":
+        return self._new(amp_enabled=_flag("amp", enabled))
+
+    def fuse(self, enabled: bool) -> "DeepLearningTask":
+        return self._new(fuse_enabled=_flag("fuse", enabled))
+
+    def seed(self, value: int) -> "DeepLearningTask":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"DeepLearningTask.seed(value): expected an int >= 0, got {value!r}")
+        return self._new(seed_value=value)
+
+    def drop_last(self, enabled: bool = True) -> "DeepLearningTask":
+        return self._new(drop_last_batch=_flag("drop_last", enabled))
+
+    def progress(self, enabled: bool) -> "DeepLearningTask":
+        return self._new(show_progress=_flag("progress", enabled))
+
+    def callback(self, fn: Callable[[EpochRecord], None]) -> "DeepLearningTask":
+        """Add a function called with each epoch's `EpochRecord` after it ends."""
+        if not callable(fn):
+            raise TypeError(f"DeepLearningTask.callback(fn): expected a callable, got {fn!r}")
+        return self._new(callbacks=self.callbacks + (fn,))
+
+    def log(self, path) -> "DeepLearningTask":
+        """Append one JSON line per epoch to `path`."""
+        return self._new(log_path=None if path is None else str(path))
+
+    def checkpoint(self, path) -> "DeepLearningTask":
+        """Save a checkpoint to `path` after every epoch, and when training is interrupted (Ctrl-C)."""
+        return self._new(checkpoint_path=None if path is None else str(path))
+
+    def _new(self, **changes) -> "DeepLearningTask":
+        return replace(self, _session=[], **changes)
+
+    # ---- derived settings -------------------------------------------------------------------------------
+    @property
+    def use_amp(self) -> bool:
+        return self.device_name == "cuda" if self.amp_enabled is None else self.amp_enabled
+
+    @property
+    def use_fuse(self) -> bool:
+        return self.device_name == "cuda" if self.fuse_enabled is None else self.fuse_enabled
+
+    @property
+    def base_lr(self) -> float:
+        own = self.scheduler_config.base_learning_rate
+        return self.optimizer_config.learning_rate if own is None else own
+
+    @property
+    def history(self) -> list[EpochRecord]:
+        return list(self._session[0].history) if self._session else []
+
+    def validate(self) -> "DeepLearningTask":
+        """Check the whole configuration before any work starts."""
+        if self.blueprint_value is None:
+            raise ConfigError("no model: call .model(bp) with a BluePrint, e.g. .model(zoo.small_cnn())")
+        if self.blueprint_value.empty:
+            raise ConfigError("the model's BluePrint is empty")
+        if self.train_set is None:
+            raise ConfigError("no training data: call .data(train=ArrayDataset(x, y), val=..., batch_size=...)")
+        if self.val_set is not None and self.val_set.sample_shape != self.train_set.sample_shape:
+            raise ConfigError(f"train samples are {self.train_set.sample_shape} (H, W, C) but val samples are "
+                              f"{self.val_set.sample_shape}; both sets must have one shape")
+        if self.drop_last_batch and len(self.train_set) < self.batch:
+            raise ConfigError(f"drop_last with batch_size={self.batch} would drop every one of the "
+                              f"{len(self.train_set)} training samples; lower the batch size")
+        if self.use_fuse and not self.use_amp:
+            raise ConfigError("fuse(True) needs amp(True): the fused kernels are fp16")
+        if self.device_name == "cpu" and (self.use_amp or self.use_fuse):
+            raise ConfigError("the CPU path is the fp32 unfused reference: use .amp(False).fuse(False) on cpu, "
+                              "or .device('cuda')")
+        self.optimizer_config.validate()
+        self.scheduler_config.validate()
+        return self
+
+    # ---- compiling and running ------------------------------------------------------------------------------
+    def _variants(self) -> dict[str, tuple]:
+        h, w, c = self.train_set.sample_shape
+        n = len(self.train_set)
+        variants = {"train": (min(self.batch, n), h, w, c)}
+        if not self.drop_last_batch and n > self.batch and n % self.batch:
+            variants["train_last"] = (n % self.batch, h, w, c)
+        eval_batch = self.eval_batch or self.batch
+        variants["eval"] = (eval_batch, h, w, c)
+        if self.val_set is not None and len(self.val_set) % eval_batch and len(self.val_set) > eval_batch:
+            variants["eval_last"] = (len(self.val_set) % eval_batch, h, w, c)
+        elif self.val_set is not None and len(self.val_set) < eval_batch:
+            variants["eval_last"] = (len(self.val_set), h, w, c)
+        return variants
+
+    def _compile(self):
+        from planner import ArchPlan
+        from planner.compiler import Compiler
+
+        self.validate()
+        h, w, c = self.train_set.sample_shape
+        arch = ArchPlan.from_blueprint(self.blueprint_value, in_channels=c, fuse=self.use_fuse, amp=self.use_amp)
+        plan = Compiler(arch).compile(self._variants(), training=True,
+                                      optimizer_state_slots=self.optimizer_config.state_slots)
+        classes = plan.value_shapes["train"][arch.output_value][1]
+        labels_seen = max(self.train_set.num_classes, self.val_set.num_classes if self.val_set is not None else 0)
+        if labels_seen > classes:
+            raise ConfigError(f"the data has {labels_seen} classes but the model outputs {classes} logits; "
+                              f"build the model with num_classes={labels_seen}")
+        return plan
+
+    def _executor(self, plan):
+        if self.device_name == "cuda":
+            from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
+            return CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+        from cpu_ref import CpuExecutor
+        return CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+
+    def _loaders(self):
+        if self.normalisation == "auto":
+            mean, std = self.train_set.channel_stats()
+        elif self.normalisation is None:
+            mean = std = None
+        else:
+            mean, std = self.normalisation
+        train = DataLoader(self.train_set, self.batch, shuffle=True, seed=self.seed_value,
+                           drop_last=self.drop_last_batch, mean=mean, std=std, augment=self.augmentation)
+        val = None
+        if self.val_set is not None:
+            val = DataLoader(self.val_set, self.eval_batch or self.batch, shuffle=False, seed=self.seed_value,
+                             mean=mean, std=std)
+        return train, val, (mean, std)
+
+    def session(self) -> _Session:
+        """The compiled plan and executor (made on first use)."""
+        if not self._session:
+            plan = self._compile()
+            executor = self._executor(plan)
+            train, val, _ = self._loaders()
+            self._session.append(_Session(plan, executor, train, val, self.eval_batch or self.batch))
+        return self._session[0]
+
+    def fit(self) -> list[EpochRecord]:
+        """Train for the configured epochs (continuing after a `resume`); returns the history."""
+        try:
+            return self._fit(self.session())
+        except KeyboardInterrupt:
+            if self.checkpoint_path:
+                self.save(self.checkpoint_path)  # weights as they are; epochs_done counts finished epochs, so resume reruns this one
+            raise
+
+    def _fit(self, session) -> list[EpochRecord]:
+        loader = session.train_loader
+        steps = loader.steps_per_epoch
+        for epoch in range(session.epochs_done, self.epoch_count):
+            start = time.perf_counter()
+            seen = correct = 0
+            loss_sum = 0.0
+            bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}")
+            lr = self.base_lr
+            try:
+                for step, (x, y) in enumerate(loader.epoch(epoch)):
+                    lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
+                    loss = session.executor.train_step(x, y, lr)
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(f"epoch {epoch + 1}, step {step}: the loss became {loss}; lower the "
+                                                 f"learning rate (now {lr:g}) or check the data")
+                    seen += len(y)
+                    loss_sum += loss * len(y)
+                    correct += session.executor.last_correct
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}",
+                                        img_s=f"{seen / (time.perf_counter() - start):.0f}")
+            finally:
+                if bar is not None:
+                    bar.close()
+            train_seconds = time.perf_counter() - start
+            val = self._evaluate_loader(session, session.val_loader) if session.val_loader is not None else None
+            record = EpochRecord(epoch + 1, float(lr), loss_sum / seen, correct / seen,
+                                 val["loss"] if val else None, val["top1"] if val else None,
+                                 val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
+            session.history.append(record)
+            session.epochs_done = epoch + 1
+            if self.log_path:
+                with open(self.log_path, "a", encoding="utf-8") as log:
+                    log.write(json.dumps(record.as_dict()) + "\n")
+            if self.checkpoint_path:
+                self.save(self.checkpoint_path)
+            for fn in self.callbacks:
+                fn(record)
+        return list(session.history)
+
+    def _evaluate_loader(self, session, loader) -> dict:
+        logits, labels = [], []
+        for x, y in loader.epoch(0):
+            logits.append(self._forward_padded(session, x))
+            labels.append(y)
+        return classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
+
+    def _forward_padded(self, session, x: np.ndarray) -> np.ndarray:
+        """Eval logits for any batch size: eval-mode layers act per sample, so a batch is split
+        into compiled eval shapes and the last piece padded with zeros."""
+        shapes = {v.input_shape[0] for v in session.plan.variants.values() if v.graph == "eval"}
+        out = []
+        full = session.eval_batch
+        for start in range(0, len(x), full):
+            piece = x[start:start + full]
+            if len(piece) not in shapes:
+                padded = np.zeros((full,) + piece.shape[1:], np.float32)
+                padded[:len(piece)] = piece
+                out.append(session.executor.forward(padded)[:len(piece)])
+            else:
+                out.append(session.executor.forward(np.ascontiguousarray(piece)))
+        return np.concatenate(out).astype(np.float32)
+
+    def evaluate(self, dataset: ArrayDataset) -> dict:
+        """Loss, top-1 and (with >= 5 classes) top-5 accuracy on a dataset, in eval mode."""
+        session = self.session()
+        _, _, (mean, std) = self._loaders()
+        if dataset.sample_shape != self.train_set.sample_shape:
+            raise ConfigError(f"evaluate(): the model was compiled for samples {self.train_set.sample_shape}, "
+                              f"got {dataset.sample_shape}")
+        loader = DataLoader(dataset, session.eval_batch, shuffle=False, seed=0, mean=mean, std=std)
+        return self._evaluate_loader(session, loader)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Logits for already-normalised float32 NHWC inputs (normalise as the loader does)."""
+        session = self.session()
+        x = np.asarray(x)
+        if x.dtype != np.float32 or x.ndim != 4 or x.shape[1:] != self.train_set.sample_shape:
+            raise ConfigError(f"predict(x): expected float32 (N, {', '.join(map(str, self.train_set.sample_shape))}), "
+                              f"got {x.dtype} {x.shape}")
+        return self._forward_padded(session, x)
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def save(self, path) -> Path:
+        """Write weights, BN statistics, optimizer state and position as one safetensors file (atomically)."""
+        session = self.session()
+        ex = session.executor
+        tensors = {"model." + k: v for k, v in ex.state_dict().items()}
+        tensors.update({"optim." + k: v for k, v in ex.optimizer_state().items()})
+        state = {"format": CHECKPOINT_FORMAT, "blueprint": repr(self.blueprint_value),
+                 "optimizer": repr(self.optimizer_config), "loss": repr(self.loss_config),
+                 "scheduler": repr(self.scheduler_config), "epochs_done": session.epochs_done,
+                 "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
+                 "history": [r.as_dict() for r in session.history]}
+        path = Path(path)
+        save_checkpoint(path, tensors, state)
+        return path
+
+    def resume(self, path) -> "DeepLearningTask":
+        """Load a checkpoint into this task's session; `fit()` then continues where it stopped."""
+        tensors, state = load_checkpoint(path)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
+        if state["blueprint"] != repr(self.blueprint_value):
+            raise ConfigError(f"{path}: the checkpoint was written for a different model; load it with "
+                              f"DeepLearningTask.load(path) or rebuild the same BluePrint")
+        session = self.session()
+        session.executor.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        session.executor.load_optimizer_state({k[6:]: v for k, v in tensors.items() if k.startswith("optim.")})
+        session.epochs_done = int(state["epochs_done"])
+        session.history = [EpochRecord(**r) for r in state["history"]]
+        return self
+
+    @staticmethod
+    def load(path) -> "DeepLearningTask":
+        """A task rebuilt from a checkpoint (model, loss, optimizer, scheduler, epochs, seed, batch size);
+        attach data with `.data(...)`, then `.resume(path)` to restore the weights."""
+        _, state = load_checkpoint(path)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
+        namespace = {**vars(blueprint), **vars(optim), "BluePrint": BluePrint}
+        return (DeepLearningTask().model(eval(state["blueprint"], namespace))
+                .loss(eval(state["loss"], namespace)).optimizer(eval(state["optimizer"], namespace))
+                .scheduler(eval(state["scheduler"], namespace)).epochs(int(state["epochs"]))
+                .seed(int(state["seed"]))._new(batch=int(state["batch_size"])))
+
+
+def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:
+    """Mean cross-entropy (PyTorch's label smoothing), top-1 and, with >= 5 classes, top-5 accuracy."""
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    nll = -logp[np.arange(len(labels)), labels]
+    loss = (1 - smoothing) * nll - smoothing * logp.mean(axis=1)
+    out = {"loss": float(loss.mean()), "top1": float((logits.argmax(axis=1) == labels).mean()), "samples": len(labels)}
+    if logits.shape[1] >= 5:
+        top5 = np.argsort(-logits, axis=1, kind="stable")[:, :5]
+        out["top5"] = float((top5 == labels[:, None]).any(axis=1).mean())
+    return out
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"DeepLearningTask.{name}(enabled): expected True or False, got {value!r}")
+    return value
+
+
+def _progress(enabled: bool, total: int, description: str):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=description, unit="batch", leave=True, dynamic_ncols=True)

@@ -1,0 +1,29 @@
+"""Every CPU kernel of docs/kernel-contract.md under its contract name.
+
+Kernels write into the arrays they are given (C-contiguous fp32 views, NHWC) and
+allocate nothing large; ``cpu_ref.reference`` is their spec.
+"""
+from cpu_ref._activation import (ACTIVATION_SAVES_OUTPUT, GELU, HARDSWISH, LEAKY_RELU, RELU, RELU6, SIGMOID, SILU,
+                                 TANH, activation_backward, activation_forward)
+from cpu_ref._conv import conv2d_backward, conv2d_forward
+from cpu_ref._linear import linear_backward, linear_forward
+from cpu_ref._loss import softmax_cross_entropy
+from cpu_ref._misc import (accumulate_into, add_forward, channel_pad_backward, channel_pad_forward, dropout_backward,
+                           dropout_forward)
+from cpu_ref._norm import batchnorm_backward, batchnorm_forward_eval, batchnorm_forward_train
+from cpu_ref._optim import adam_step, sgd_step
+from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_forward, maxpool_backward,
+                           maxpool_forward)
+
+__all__ = [
+    "RELU", "RELU6", "LEAKY_RELU", "SIGMOID", "TANH", "SILU", "HARDSWISH", "GELU", "ACTIVATION_SAVES_OUTPUT",
+    "conv2d_forward", "conv2d_backward",
+    "batchnorm_forward_train", "batchnorm_forward_eval", "batchnorm_backward",
+    "activation_forward", "activation_backward",
+    "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward", "gap_forward", "gap_backward",
+    "linear_forward", "linear_backward",
+    "add_forward", "accumulate_into", "dropout_forward", "dropout_backward",
+    "channel_pad_forward", "channel_pad_backward",
+    "softmax_cross_entropy",
+    "sgd_step", "adam_step",
+]

@@ -1,0 +1,45 @@
+"""CUDA kernel tests: two tiers, two separate pytest processes.
+
+Simulator tier (every file but test_ptx.py): the kernels run in numba's CUDA simulator,
+which must be switched on before numba is imported, hence its own process:
+
+    NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python -m pytest tests/cuda -q
+
+(On a machine with a GPU the same tests run on it without the variable.)
+
+PTX tier (test_ptx.py): ``numba.cuda.compile_ptx`` needs the real numba.cuda, so it
+runs WITHOUT the variable (no GPU needed, only the nvidia-cuda-nvrtc wheel):
+
+    PYTHONPATH=. python -m pytest tests/cuda/test_ptx.py -q
+
+A plain ``pytest tests`` run collects both and skips the tier its process cannot run,
+with the reason.
+"""
+from pathlib import Path
+
+import numba
+import pytest
+from numba import cuda
+
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+GPU = not SIMULATOR and cuda.is_available()
+
+_NEEDS_KERNELS = ("CUDA kernel tests need the simulator or a GPU: run them in their own process with "
+                  "`NUMBA_ENABLE_CUDASIM=1 PYTHONPATH=. python -m pytest tests/cuda` (the variable must be "
+                  "set before numba is imported)")
+_NEEDS_REAL_NUMBA_CUDA = ("compile_ptx needs the real numba.cuda, not the simulator: run "
+                          "`PYTHONPATH=. python -m pytest tests/cuda/test_ptx.py` without NUMBA_ENABLE_CUDASIM")
+
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:   # the hook sees the whole session: only touch this directory's tests
+        if item.path.parent != _HERE:
+            continue
+        if item.path.name == "test_ptx.py":
+            if SIMULATOR:
+                item.add_marker(pytest.mark.skip(reason=_NEEDS_REAL_NUMBA_CUDA))
+        elif not (SIMULATOR or GPU):
+            item.add_marker(pytest.mark.skip(reason=_NEEDS_KERNELS))

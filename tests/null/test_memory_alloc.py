@@ -1,0 +1,282 @@
+"""The transient-tensor offset allocator: the Cython build against its pure-Python twin,
+brute-force checks of every plan, hand-worked cases, input errors and plan quality."""
+import importlib
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner import _memory_py
+
+try:
+    from planner import _memory_c
+except ImportError:
+    _memory_c = None
+
+NOT_BUILT = "planner._memory_c is not built; run `python setup.py build_ext --inplace` (or `pip install -e .`)"
+needs_extension = pytest.mark.skipif(_memory_c is None, reason=NOT_BUILT)
+IMPLEMENTATIONS = [
+    pytest.param(_memory_py, id="pure"),
+    pytest.param(_memory_c, id="cython", marks=needs_extension),
+]
+QUALITY_TARGET = 1.05  # project target: arena / lower bound on CNN-training-style schedules
+
+
+@st.composite
+def problems(draw, max_tensors=40, max_ops=30):
+    n = draw(st.integers(0, max_tensors))
+    sizes = draw(st.lists(st.one_of(st.just(0), st.integers(1, 5000), st.sampled_from([256, 512, 1024])),
+                          min_size=n, max_size=n))
+    first = draw(st.lists(st.integers(0, max_ops), min_size=n, max_size=n))
+    lengths = draw(st.lists(st.integers(0, max_ops // 2), min_size=n, max_size=n))
+    alignment = draw(st.sampled_from([1, 8, 100, 256, 512]))
+    return sizes, first, [f + d for f, d in zip(first, lengths)], alignment
+
+
+def aligned_sizes(sizes, alignment):
+    return [-(-s // alignment) * alignment for s in sizes]
+
+
+def assert_valid_plan(sizes, first, last, alignment, offsets, arena):
+    """Brute force: no two tensors live at the same op share a byte; all inside the arena."""
+    size = aligned_sizes(sizes, alignment)
+    assert offsets.dtype == np.int64 and offsets.shape == (len(sizes),)
+    assert all(o % alignment == 0 and o >= 0 for o in offsets.tolist())
+    assert arena == max([o + s for o, s in zip(offsets.tolist(), size) if s], default=0)
+    for i in range(len(sizes)):
+        if size[i] == 0:
+            assert offsets[i] == 0
+        for j in range(i):
+            live_together = first[i] <= last[j] and first[j] <= last[i]
+            if live_together and size[i] and size[j]:
+                assert offsets[i] + size[i] <= offsets[j] or offsets[j] + size[j] <= offsets[i], (i, j)
+
+
+def brute_force_lower_bound(sizes, first, last, alignment):
+    size = aligned_sizes(sizes, alignment)
+    ops = range(min(first, default=0), max(last, default=-1) + 1)
+    return max((sum(s for s, f, l in zip(size, first, last) if f <= t <= l) for t in ops), default=0)
+
+
+# -- every implementation on random problems ------------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@settings(max_examples=150, deadline=None)
+@given(problem=problems())
+def test_plan_never_overlaps_live_tensors(impl, problem):
+    sizes, first, last, alignment = problem
+    offsets, arena = impl.assign_offsets(sizes, first, last, alignment)
+    assert_valid_plan(sizes, first, last, alignment, offsets, arena)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@settings(max_examples=150, deadline=None)
+@given(problem=problems())
+def test_lower_bound_is_peak_live_bytes_and_bounds_the_arena(impl, problem):
+    sizes, first, last, alignment = problem
+    bound = impl.live_lower_bound(sizes, first, last, alignment)
+    assert bound == brute_force_lower_bound(sizes, first, last, alignment)
+    assert impl.assign_offsets(sizes, first, last, alignment)[1] >= bound
+
+
+@needs_extension
+@settings(max_examples=200, deadline=None)
+@given(problem=problems(max_tensors=120, max_ops=60))
+def test_cython_and_twin_give_identical_plans(problem):
+    sizes, first, last, alignment = problem
+    c_offsets, c_arena = _memory_c.assign_offsets(sizes, first, last, alignment)
+    py_offsets, py_arena = _memory_py.assign_offsets(sizes, first, last, alignment)
+    assert c_offsets.tolist() == py_offsets.tolist() and c_arena == py_arena
+    assert _memory_c.live_lower_bound(sizes, first, last, alignment) == \
+        _memory_py.live_lower_bound(sizes, first, last, alignment)
+
+
+@needs_extension
+@pytest.mark.parametrize("seed", range(4))
+def test_cython_and_twin_agree_on_large_problems(seed):
+    """Large enough to exercise the Cython time buckets, crossing tensors and pending merges."""
+    rng = np.random.default_rng(seed)
+    n = 1500
+    sizes = rng.choice([0, 1, 256, 4096, 65536, 1 << 20], size=n) * rng.integers(1, 4, size=n)
+    first = rng.integers(0, 2000, size=n)
+    last = first + np.where(rng.random(n) < 0.2, rng.integers(0, 2000, size=n), rng.integers(0, 4, size=n))
+    c_offsets, c_arena = _memory_c.assign_offsets(sizes, first, last)
+    py_offsets, py_arena = _memory_py.assign_offsets(sizes, first, last)
+    assert np.array_equal(c_offsets, py_offsets) and c_arena == py_arena
+    assert _memory_c.live_lower_bound(sizes, first, last) == _memory_py.live_lower_bound(sizes, first, last)
+
+
+# -- hand-worked cases ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_disjoint_lifetimes_share_offset_zero(impl):
+    offsets, arena = impl.assign_offsets([1000, 256, 700], [0, 2, 4], [1, 3, 9])
+    assert offsets.tolist() == [0, 0, 0] and arena == 1024
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_best_fit_takes_the_smallest_gap_not_the_first(impl):
+    # Placed first, by size: x1 [0, 1024) and x3 [1792, 2304) die after op 2; x2 and x4 live on.
+    sizes = [1024, 768, 512, 512, 512]
+    first = [0, 0, 0, 0, 5]
+    last = [2, 9, 2, 9, 9]
+    offsets, arena = impl.assign_offsets(sizes, first, last)
+    # The last tensor sees gaps [0, 1024) and [1792, 2304): best fit takes the exact one.
+    assert offsets.tolist() == [0, 1024, 1792, 2304, 1792]
+    assert arena == 2816 == impl.live_lower_bound(sizes, first, last)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_equal_gaps_go_to_the_lowest_offset(impl):
+    # g1, g2 die after op 1 leaving two 1024-byte gaps between k1 and k2; y takes the lower,
+    # then z fits exactly into what y left of it.
+    sizes = [1024, 1024, 1024, 1024, 512, 512]  # g1 k1 g2 k2 y z
+    first = [0, 0, 0, 0, 5, 5]
+    last = [1, 9, 1, 9, 9, 9]
+    offsets, arena = impl.assign_offsets(sizes, first, last)
+    assert offsets.tolist() == [0, 1024, 2048, 3072, 0, 512]
+    assert arena == 4096
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_lifetimes_are_inclusive(impl):
+    # One dies at op 3, the next is born at op 3: they are live together and must not overlap.
+    offsets, arena = impl.assign_offsets([256, 256], [0, 3], [3, 5])
+    assert sorted(offsets.tolist()) == [0, 256] and arena == 512
+    offsets, arena = impl.assign_offsets([256, 256], [0, 4], [3, 5])
+    assert offsets.tolist() == [0, 0] and arena == 256
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_zero_size_tensors_are_never_planned(impl):
+    offsets, arena = impl.assign_offsets([0, 300, 0], [0, 0, 0], [9, 9, 9])
+    assert offsets.tolist() == [0, 0, 0] and arena == 512
+    assert impl.live_lower_bound([0, 300, 0], [0, 0, 0], [9, 9, 9]) == 512
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_sizes_round_up_to_the_alignment(impl):
+    offsets, arena = impl.assign_offsets([1, 1, 1], [0, 0, 0], [0, 0, 0])
+    assert sorted(offsets.tolist()) == [0, 256, 512] and arena == 768
+    offsets, arena = impl.assign_offsets([1, 1, 1], [0, 0, 0], [0, 0, 0], alignment=64)
+    assert sorted(offsets.tolist()) == [0, 64, 128] and arena == 192
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_empty_problem(impl):
+    offsets, arena = impl.assign_offsets([], [], [])
+    assert offsets.dtype == np.int64 and offsets.shape == (0,) and arena == 0
+    assert impl.live_lower_bound([], [], []) == 0
+
+
+# -- input validation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("function", ["assign_offsets", "live_lower_bound"])
+@pytest.mark.parametrize("sizes, first, last, kwargs, message", [
+    ([256, 256], [0], [0, 1], {}, "equal lengths"),
+    ([256], [3], [2], {}, "first <= last, but tensor 0 has first=3, last=2"),
+    ([256, -1], [0, 0], [0, 0], {}, "non-negative, but tensor 1 has sizes=-1"),
+    ([256.0], [0], [0], {}, "must hold integers"),
+    ([[256]], [[0]], [[0]], {}, "one-dimensional"),
+    ([256], [0], [2**31], {}, "fit in int32"),
+    ([2**63 - 1], [0], [0], {}, "at most"),
+    ([256], [0], [0], {"alignment": 0}, "alignment"),
+    ([256], [0], [0], {"alignment": 2.5}, "alignment"),
+    ([256], [0], [0], {"alignment": True}, "alignment"),
+])
+def test_invalid_problems_raise_clear_errors(impl, function, sizes, first, last, kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        getattr(impl, function)(sizes, first, last, **kwargs)
+
+
+# -- choosing the implementation ------------------------------------------------------------------
+
+def _fresh_memory_alloc(monkeypatch, pure):
+    if pure:
+        monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", "1")
+    else:
+        monkeypatch.delenv("BLUEPRINT_PURE_PYTHON", raising=False)
+    monkeypatch.delitem(sys.modules, "planner.memory_alloc", raising=False)
+    return importlib.import_module("planner.memory_alloc")
+
+
+def test_pure_python_switch_selects_the_twin(monkeypatch):
+    monkeypatch.setitem(sys.modules, "planner._memory_c", None)  # the twin must not need the build
+    assert _fresh_memory_alloc(monkeypatch, pure=True).assign_offsets is _memory_py.assign_offsets
+
+
+@needs_extension
+def test_default_is_the_cython_build(monkeypatch):
+    assert _fresh_memory_alloc(monkeypatch, pure=False).assign_offsets is _memory_c.assign_offsets
+
+
+def test_missing_build_is_an_error_not_a_silent_fallback(monkeypatch):
+    monkeypatch.setitem(sys.modules, "planner._memory_c", None)  # makes `import planner._memory_c` fail
+    with pytest.raises(ImportError, match="build_ext --inplace.*BLUEPRINT_PURE_PYTHON=1"):
+        _fresh_memory_alloc(monkeypatch, pure=False)
+
+
+# -- plan quality on CNN-training-style schedules -------------------------------------------------
+
+def training_chain(activation_sizes, gradient_scale, workspace_sizes, residual_every):
+    """Forward op t makes activation t, live until its backward op 2L-1-t; backward op b makes a
+    gradient read by op b+1; optional one-op workspaces and residual tensors living 3 ops."""
+    n_layers = len(activation_sizes)
+    last_op = 2 * n_layers - 1
+    tensors = []  # (size, first, last)
+    for t, size in enumerate(activation_sizes):
+        backward = last_op - t
+        tensors.append((size, t, backward))
+        tensors.append((int(size * gradient_scale[t]), backward, min(backward + 1, last_op)))
+        if workspace_sizes:
+            tensors.append((workspace_sizes[t], t, t))
+            tensors.append((workspace_sizes[t], backward, backward))
+        if residual_every and t % residual_every == 0:
+            tensors.append((size, t, min(t + 3, last_op)))
+    return tuple(list(column) for column in zip(*tensors))
+
+
+@st.composite
+def network_sized_chains(draw):
+    """ResNet-scale chains: 4 stages whose activations halve in bytes, each size jittered."""
+    n_layers = draw(st.integers(50, 120))
+    jitter = st.floats(0.5, 1.5)
+    stage_bytes = [8 << 20, 4 << 20, 2 << 20, 1 << 20]
+    activations = [int(stage_bytes[4 * t // n_layers] * draw(jitter)) for t in range(n_layers)]
+    gradient_scale = draw(st.lists(jitter, min_size=n_layers, max_size=n_layers))
+    workspace = draw(st.one_of(st.just([]), st.lists(st.integers(1, 1 << 20), min_size=n_layers,
+                                                       max_size=n_layers)))
+    return training_chain(activations, gradient_scale, workspace, draw(st.sampled_from([0, 3])))
+
+
+@settings(max_examples=25, deadline=None)
+@given(chain=network_sized_chains())
+def test_arena_within_target_of_lower_bound_on_network_sized_chains(chain):
+    sizes, first, last = chain
+    arena = _memory_py.assign_offsets(sizes, first, last)[1]
+    assert arena <= QUALITY_TARGET * _memory_py.live_lower_bound(sizes, first, last)
+
+
+SHORT_CHAIN = training_chain([256, 512, 768], [4.0, 1.5, 2 / 3], [], 0)
+SHORT_CHAIN_OPTIMUM = [0, 256, 256, 1280, 1280, 768]
+
+
+def test_short_chain_has_a_plan_at_the_lower_bound():
+    sizes, first, last = SHORT_CHAIN
+    assert (sizes, first, last) == ([256, 1024, 512, 768, 768, 512], [0, 5, 1, 4, 2, 3], [5, 5, 4, 5, 3, 4])
+    bound = _memory_py.live_lower_bound(sizes, first, last)
+    assert bound == 2048
+    assert_valid_plan(sizes, first, last, 256, np.array(SHORT_CHAIN_OPTIMUM, dtype=np.int64), bound)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known miss of the 1.05 target: greedy by size needs 1.5x the lower bound on this 3-layer "
+    "chain, where an arena of exactly the bound exists; short chains (under ~20 layers) often "
+    "exceed the target, ResNet-sized ones stay within it"))
+def test_arena_within_target_of_lower_bound_on_a_short_chain():
+    sizes, first, last = SHORT_CHAIN
+    arena = _memory_py.assign_offsets(sizes, first, last)[1]
+    assert arena <= QUALITY_TARGET * _memory_py.live_lower_bound(sizes, first, last)
