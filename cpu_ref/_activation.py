@@ -2,7 +2,9 @@
 
 The backward reads ``saved``: the *output* for the codes in ``ACTIVATION_SAVES_OUTPUT``
 (their derivative is a function of it, so the input need not be kept), the *input*
-otherwise. GELU is the exact erf form (PyTorch's default).
+otherwise. GELU is the exact erf form (PyTorch's default). Each activation is a pair of
+scalar functions, ``f(x, alpha)`` and ``grad(saved, dy, alpha) -> dx``; the kernels
+apply one over a worker's span in a loop of its own, so that the loop vectorises.
 """
 import math
 
@@ -24,72 +26,159 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 @njit(cache=True, inline="always")
-def _sigmoid(v):
-    return _ONE / (_ONE + np.exp(-v))
+def _relu(x, alpha):
+    return x if x > _ZERO else _ZERO
 
 
 @njit(cache=True, inline="always")
-def _forward_one(code, v, alpha):
-    if code == RELU:
-        return v if v > _ZERO else _ZERO
-    if code == RELU6:
-        return min(max(v, _ZERO), _SIX)
-    if code == LEAKY_RELU:
-        return v if v > _ZERO else alpha * v
-    if code == SIGMOID:
-        return _sigmoid(v)
-    if code == TANH:
-        return np.tanh(v)
-    if code == SILU:
-        return v * _sigmoid(v)
-    if code == HARDSWISH:
-        return v * min(max(v + _THREE, _ZERO), _SIX) / _SIX
-    # GELU
-    return np.float32(0.5 * v * (1.0 + math.erf(v * _INV_SQRT2)))
+def _relu_grad(y, g, alpha):
+    return g if y > _ZERO else _ZERO
 
 
 @njit(cache=True, inline="always")
-def _derivative_one(code, s, alpha):
-    """d(activation)/dx as a function of ``saved``."""
+def _relu6(x, alpha):
+    return min(max(x, _ZERO), _SIX)
+
+
+@njit(cache=True, inline="always")
+def _relu6_grad(y, g, alpha):
+    return g if _ZERO < y < _SIX else _ZERO
+
+
+@njit(cache=True, inline="always")
+def _leaky_relu(x, alpha):
+    return x if x > _ZERO else alpha * x
+
+
+@njit(cache=True, inline="always")
+def _leaky_relu_grad(x, g, alpha):
+    return g if x > _ZERO else alpha * g
+
+
+@njit(cache=True, inline="always")
+def _sigmoid(x, alpha):
+    return _ONE / (_ONE + np.exp(-x))
+
+
+@njit(cache=True, inline="always")
+def _sigmoid_grad(y, g, alpha):
+    return g * y * (_ONE - y)
+
+
+@njit(cache=True, inline="always")
+def _tanh(x, alpha):
+    return np.tanh(x)
+
+
+@njit(cache=True, inline="always")
+def _tanh_grad(y, g, alpha):
+    return g * (_ONE - y * y)
+
+
+@njit(cache=True, inline="always")
+def _silu(x, alpha):
+    return x / (_ONE + np.exp(-x))
+
+
+@njit(cache=True, inline="always")
+def _silu_grad(x, g, alpha):
+    s = _ONE / (_ONE + np.exp(-x))
+    return g * s * (_ONE + x * (_ONE - s))
+
+
+@njit(cache=True, inline="always")
+def _hardswish(x, alpha):
+    return x * min(max(x + _THREE, _ZERO), _SIX) / _SIX
+
+
+@njit(cache=True, inline="always")
+def _hardswish_grad(x, g, alpha):
+    if x < -_THREE:
+        return _ZERO
+    return g * (x / _THREE + _HALF) if x <= _THREE else g
+
+
+@njit(cache=True, inline="always")
+def _gelu(x, alpha):
+    return np.float32(0.5 * x * (1.0 + math.erf(x * _INV_SQRT2)))
+
+
+@njit(cache=True, inline="always")
+def _gelu_grad(x, g, alpha):
+    cdf = 0.5 * (1.0 + math.erf(x * _INV_SQRT2))
+    return np.float32(g * (cdf + x * _INV_SQRT_2PI * math.exp(-0.5 * x * x)))
+
+
+@njit(cache=True)
+def _forward_span(code, x, y, alpha):
+    n = x.size
     if code == RELU:
-        return _ONE if s > _ZERO else _ZERO
-    if code == RELU6:
-        return _ONE if _ZERO < s < _SIX else _ZERO
-    if code == LEAKY_RELU:
-        return _ONE if s > _ZERO else alpha
-    if code == SIGMOID:
-        return s * (_ONE - s)
-    if code == TANH:
-        return _ONE - s * s
-    if code == SILU:
-        sg = _sigmoid(s)
-        return sg * (_ONE + s * (_ONE - sg))
-    if code == HARDSWISH:
-        if s < -_THREE:
-            return _ZERO
-        return s / _THREE + _HALF if s <= _THREE else _ONE
-    # GELU
-    return np.float32(0.5 * (1.0 + math.erf(s * _INV_SQRT2)) + s * _INV_SQRT_2PI * math.exp(-0.5 * s * s))
+        for i in range(n):
+            y[i] = _relu(x[i], alpha)
+    elif code == RELU6:
+        for i in range(n):
+            y[i] = _relu6(x[i], alpha)
+    elif code == LEAKY_RELU:
+        for i in range(n):
+            y[i] = _leaky_relu(x[i], alpha)
+    elif code == SIGMOID:
+        for i in range(n):
+            y[i] = _sigmoid(x[i], alpha)
+    elif code == TANH:
+        for i in range(n):
+            y[i] = _tanh(x[i], alpha)
+    elif code == SILU:
+        for i in range(n):
+            y[i] = _silu(x[i], alpha)
+    elif code == HARDSWISH:
+        for i in range(n):
+            y[i] = _hardswish(x[i], alpha)
+    else:
+        for i in range(n):
+            y[i] = _gelu(x[i], alpha)
+
+
+@njit(cache=True)
+def _backward_span(code, s, dy, dx, alpha, accumulate):
+    n = dy.size
+    if code == RELU:
+        for i in range(n):
+            dx[i] = _relu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == RELU6:
+        for i in range(n):
+            dx[i] = _relu6_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == LEAKY_RELU:
+        for i in range(n):
+            dx[i] = _leaky_relu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == SIGMOID:
+        for i in range(n):
+            dx[i] = _sigmoid_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == TANH:
+        for i in range(n):
+            dx[i] = _tanh_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == SILU:
+        for i in range(n):
+            dx[i] = _silu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == HARDSWISH:
+        for i in range(n):
+            dx[i] = _hardswish_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    else:
+        for i in range(n):
+            dx[i] = _gelu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
 
 
 @njit(cache=True, parallel=True)
 def _activation_forward(code, x, y, alpha, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(x.size, t, nworkers)
-        for i in range(lo, hi):
-            y[i] = _forward_one(code, x[i], alpha)
+        _forward_span(code, x[lo:hi], y[lo:hi], alpha)
 
 
 @njit(cache=True, parallel=True)
 def _activation_backward(code, saved, dy, dx, alpha, accumulate, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(dy.size, t, nworkers)
-        if accumulate:
-            for i in range(lo, hi):
-                dx[i] += dy[i] * _derivative_one(code, saved[i], alpha)
-        else:
-            for i in range(lo, hi):
-                dx[i] = dy[i] * _derivative_one(code, saved[i], alpha)
+        _backward_span(code, saved[lo:hi], dy[lo:hi], dx[lo:hi], alpha, accumulate)
 
 
 def activation_forward(code, x, y, alpha):

@@ -132,7 +132,7 @@ cdef int64_t _best_fit(const Shelf* shelf, int64_t size, int32_t f, int32_t l, u
             j = w + blueprint_lowest_bit(bits)
             bits &= bits - 1
             gap = starts[j] - prev_end
-            if gap >= size and gap <= best_gap:
+            if gap >= size and gap < best_gap:
                 best_offset = prev_end
                 best_gap = gap
                 if gap == size:

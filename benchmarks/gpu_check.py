@@ -1,0 +1,446 @@
+"""GPU check of the CUDA kernels: cross-checks against the numpy spec, a timing table and
+graph-versus-eager replay, on a real device (sized for an H200, under 8 minutes).
+
+    python benchmarks/gpu_check.py --dry-run    # CPU only (CI): no GPU, no simulator
+    python benchmarks/gpu_check.py              # on the GPU
+    python benchmarks/gpu_check.py --only conv --json out.json
+
+``--dry-run`` builds every row of the table with numpy stand-ins for the device arrays,
+runs every launcher against the kernel table's signatures (so argument lists, shapes and
+kernel names are all checked), prints the plan and exits 0.
+
+For the training-step benchmark the lead wires later: record the step into a
+``LaunchTape``, then ``time_tape(tape, stream)`` (eager) and
+``time_runner(StepRunner(tape, "graph"), stream)`` (one graph launch per step).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")   # small grids are deliberate in places
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
+
+from cpu_ref import reference as ref  # noqa: E402
+from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool  # noqa: E402
+from cuda_kernels._graph import StepRunner, graph_support, new_stream, synchronize  # noqa: E402
+from cuda_kernels._registry import all_kernels, check_args  # noqa: E402
+from cuda_kernels._tape import LaunchTape  # noqa: E402
+
+TOLERANCES = {"fp16": (2e-3, 2e-3), "fp32": (1e-4, 1e-5), "stats": (1e-3, 1e-4), "exact": (0.0, 0.0)}
+CHECK_BATCH, TIMING_BATCH = 8, 256
+PARAMETERS = 11_200_000            # ResNet-18 sized optimizer region
+
+
+# ---------------------------------------------------------------------------- memory
+
+class HostStandIns:
+    """``--dry-run``: numpy arrays stand for device arrays; nothing is computed."""
+    dry = True
+
+    def random(self, rng, shape, dtype, scale=1.0):
+        a = np.empty(shape, dtype)
+        return a, a
+
+    def constant(self, value):
+        return np.asarray(value)
+
+    def output(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+
+class DeviceMemory:
+    dry = False
+
+    def random(self, rng, shape, dtype, scale=1.0):
+        if np.issubdtype(np.dtype(dtype), np.integer):
+            host = rng.integers(0, scale, shape).astype(dtype)
+        else:
+            host = (rng.standard_normal(shape, np.float32) * scale).astype(dtype)
+        return host, cuda.to_device(host)
+
+    def constant(self, value):
+        return cuda.to_device(np.asarray(value))
+
+    def output(self, shape, dtype):
+        fill = 7 if np.issubdtype(np.dtype(dtype), np.integer) else np.nan
+        return cuda.to_device(np.full(shape, fill, dtype))
+
+
+class DryLauncher:
+    """Checks every launch against the kernel table (host stand-ins allowed) and counts them."""
+
+    def __init__(self):
+        self.names = []
+
+    def launch(self, spec, grid, block, *args):
+        check_args(spec, args, host_stand_ins=True)
+        self.names.append(spec.name)
+
+
+# ---------------------------------------------------------------------------- the table
+
+@dataclass
+class Case:
+    """One timed unit: its launches, its outputs, the spec's answer, its work."""
+    record: object                    # record(launcher)
+    outputs: dict                     # label -> device array
+    expected: object = None           # () -> {label: (array, tolerance)}; None: timing only
+    flops: float = 0.0
+    bytes: float = 0.0
+    names: list = field(default_factory=list)
+
+
+def f32(a):
+    return np.asarray(a, np.float32)
+
+
+def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction):
+    (hx, x), (hw, wt) = mem.random(rng, (batch, h, w, cin), np.float16), mem.random(
+        rng, (cout, k, k, cin // groups), np.float16, 1.0 / math.sqrt(k * k * cin / groups))
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    macs = batch * oh * ow * cout * k * k * cin / groups
+    if direction == "fwd":
+        y, sums = mem.output((batch, oh, ow, cout), np.float16), (mem.output(cout, np.float32),
+                                                                  mem.output(cout, np.float32))
+        expected = lambda: {"y": (ref.conv2d_forward(f32(hx), f32(hw), s, p, groups), "fp16")}  # noqa: E731
+        return Case(lambda t: _conv.conv2d_forward(t, x, wt, y, s, p, groups, bn_sums=sums), {"y": y}, expected,
+                    2 * macs, 2 * (x.size + wt.size + y.size))
+    hdy, dy = mem.random(rng, (batch, oh, ow, cout), np.float16)
+    dx, dw = mem.output((batch, h, w, cin), np.float16), mem.output(wt.shape, np.float32)
+
+    def expected():
+        rdx, rdw = ref.conv2d_backward(f32(hx), f32(hw), f32(hdy), s, p, groups)
+        return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32")}
+    return Case(lambda t: _conv.conv2d_backward(t, x, wt, dy, dx, dw, s, p, groups, False), {"dx": dx, "dw": dw},
+                expected, 4 * macs, 2 * (2 * x.size + dy.size) + 6 * wt.size)
+
+
+def batchnorm_case(mem, rng, rows, channels, direction):
+    (hx, x), (hg, gamma) = mem.random(rng, (rows, channels), np.float16), mem.random(rng, channels, np.float32)
+    (hb, beta), y = mem.random(rng, channels, np.float32), mem.output((rows, channels), np.float16)
+    mean, invstd = mem.output(channels, np.float32), mem.output(channels, np.float32)
+    rm, rv = mem.constant(np.zeros(channels, np.float32)), mem.constant(np.ones(channels, np.float32))
+    if direction == "fwd":
+        def expected():
+            ry, rmean, rinv, _, _ = ref.batchnorm_forward_train(f32(hx), hg, hb, np.zeros(channels), np.ones(channels),
+                                                                0.1, 1e-5)
+            return {"y": (np.maximum(ry, 0), "fp16"), "mean": (rmean, "stats"), "invstd": (rinv, "stats")}
+        return Case(lambda t: _batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
+                                                                 1e-5, relu=True),
+                    {"y": y, "mean": mean, "invstd": invstd}, expected, 0, 3 * 2 * x.size)
+    hmean, hinv = hx.astype(np.float32).mean(0), 1 / np.sqrt(hx.astype(np.float32).var(0) + 1e-5)
+    hdy, dy = mem.random(rng, (rows, channels), np.float16)
+    dx, dgamma, dbeta = mem.output((rows, channels), np.float16), mem.output(channels, np.float32), mem.output(
+        channels, np.float32)
+    smean, sinv = mem.constant(hmean.astype(np.float32)), mem.constant(hinv.astype(np.float32))
+
+    def expected():
+        rdx, rdg, rdb = ref.batchnorm_backward(f32(hx), hg, hmean, hinv, f32(hdy))
+        return {"dx": (rdx, "fp16"), "dgamma": (rdg, "fp32"), "dbeta": (rdb, "fp32")}
+    return Case(lambda t: _batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False),
+                {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
+
+
+def activation_case(mem, rng, n, code):
+    (hx, x), y = mem.random(rng, n, np.float16, 3.0), mem.output(n, np.float16)
+    return Case(lambda t: _elementwise.activation_forward(t, code, x, y, 0.1), {"y": y},
+                lambda: {"y": (ref.activation_forward(code, f32(hx), 0.1), "fp16")}, 0, 4 * n)
+
+
+def dropout_case(mem, rng, n):
+    (hx, x), y, mask = mem.random(rng, n, np.float16), mem.output(n, np.float16), mem.output(n, np.uint8)
+    step = mem.constant(np.array([17], np.int32))
+
+    def expected():
+        ry, rmask = ref.dropout_forward(f32(hx), 0.1, 99, 17)
+        return {"y": (ry, "fp16"), "mask": (rmask, "exact")}
+    return Case(lambda t: _elementwise.dropout_forward(t, x, y, mask, 0.1, 99, step), {"y": y, "mask": mask},
+                expected, 0, 5 * n)
+
+
+def linear_case(mem, rng, batch, f_in, f_out, direction):
+    (hx, x), (hw, w) = mem.random(rng, (batch, f_in), np.float16), mem.random(rng, (f_out, f_in), np.float16, 0.05)
+    (hb, b), y = mem.random(rng, f_out, np.float32), mem.output((batch, f_out), np.float16)
+    if direction == "fwd":
+        return Case(lambda t: _linear.linear_forward(t, x, w, b, y), {"y": y},
+                    lambda: {"y": (ref.linear_forward(f32(hx), f32(hw), hb), "fp16")}, 2 * batch * f_in * f_out,
+                    2 * (x.size + w.size + y.size))
+    hdy, dy = mem.random(rng, (batch, f_out), np.float16)
+    dx, dw, db = mem.output((batch, f_in), np.float16), mem.output((f_out, f_in), np.float32), mem.output(
+        f_out, np.float32)
+
+    def expected():
+        rdx, rdw, rdb = ref.linear_backward(f32(hx), f32(hw), f32(hdy))
+        return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32"), "db": (rdb, "fp32")}
+    return Case(lambda t: _linear.linear_backward(t, x, w, dy, dx, dw, db, False), {"dx": dx, "dw": dw, "db": db},
+                expected, 4 * batch * f_in * f_out, 2 * (2 * x.size + dy.size) + 8 * w.size)
+
+
+def softmax_case(mem, rng, batch, classes):
+    (hl, logits), (hy, labels) = mem.random(rng, (batch, classes), np.float16, 3.0), mem.random(
+        rng, batch, np.int32, classes)
+    loss, dl, scale = mem.output(1, np.float32), mem.output((batch, classes), np.float16), mem.constant(
+        np.array([1024.0], np.float32))
+
+    def expected():
+        rl, rdl = ref.softmax_cross_entropy(f32(hl), hy, 0.1, 1024.0)
+        return {"loss": (np.array([rl], np.float32), "fp32"), "dlogits": (rdl, "fp16")}
+    return Case(lambda t: _loss.softmax_cross_entropy(t, logits, labels, 0.1, loss, dl, scale),
+                {"loss": loss, "dlogits": dl}, expected, 0, 4 * logits.size)
+
+
+def maxpool_case(mem, rng, batch, h, c):
+    (hx, x), oh = mem.random(rng, (batch, h, h, c), np.float16), (h + 2 - 3) // 2 + 1
+    y, argmax = mem.output((batch, oh, oh, c), np.float16), mem.output((batch, oh, oh, c), np.int32)
+
+    def expected():
+        ry, ra = ref.maxpool_forward(f32(hx), 3, 2, 1)
+        return {"y": (ry, "exact"), "argmax": (ra, "exact")}
+    return Case(lambda t: _pool.maxpool_forward(t, x, y, argmax, 3, 2, 1), {"y": y, "argmax": argmax}, expected,
+                0, 2 * x.size + 6 * y.size)
+
+
+def gap_case(mem, rng, batch, h, c):
+    (hx, x), y = mem.random(rng, (batch, h, h, c), np.float16), mem.output((batch, c), np.float16)
+    return Case(lambda t: _pool.gap_forward(t, x, y), {"y": y}, lambda: {"y": (ref.gap_forward(f32(hx)), "fp16")},
+                0, 2 * x.size)
+
+
+def adam_case(mem, rng, n):
+    (hp, p), (hg, g) = mem.random(rng, n, np.float32), mem.random(rng, n, np.float32)
+    m, v = mem.constant(np.zeros(n, np.float32)), mem.constant(np.zeros(n, np.float32))
+    lr, step, scale, flag = (mem.constant(np.array([a], t)) for a, t in
+                             [(1e-3, np.float32), (0, np.int32), (1.0, np.float32), (0, np.int32)])
+
+    def expected():
+        rp, rm, rv = ref.adam_step(hp, hg, np.zeros(n, np.float32), np.zeros(n, np.float32), 1e-3, 0.9, 0.999, 1e-8,
+                                   1e-2, 1, True)
+        return {"p": (rp, "fp32"), "m": (rm, "fp32"), "v": (rv, "fp32")}
+    return Case(lambda t: _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 1e-2, True),
+                {"p": p, "m": m, "v": v}, expected, 0, 4 * 7 * n)
+
+
+def overflow_and_cast_case(mem, rng, n):
+    (hp, p), flag, p16 = mem.random(rng, n, np.float32), mem.output(1, np.int32), mem.output(n, np.float16)
+
+    def record(t):
+        _optim.check_overflow(t, p, flag)
+        _elementwise.cast_f32_to_f16(t, p, p16)
+    return Case(record, {"found_inf": flag, "p16": p16},
+                lambda: {"found_inf": (np.zeros(1, np.int32), "exact"), "p16": (hp.astype(np.float16), "exact")},
+                0, 4 * n + 6 * n)
+
+
+CONV_SHAPES = {   # (H, W, Cin, Cout, k, stride, pad, groups): CIFAR ResNet, ImageNet bottleneck, MobileNet
+    "conv3x3-64": (32, 32, 64, 64, 3, 1, 1, 1),
+    "conv3x3-128-s2": (32, 32, 64, 128, 3, 2, 1, 1),
+    "conv3x3-256": (8, 8, 256, 256, 3, 1, 1, 1),
+    "conv1x1-256-1024": (14, 14, 256, 1024, 1, 1, 0, 1),
+    "depthwise3x3-144": (28, 28, 144, 144, 3, 1, 1, 144),
+}
+
+
+def table(batch):
+    """``name -> builder(mem, rng)`` for every row; ``batch`` scales the activations."""
+    rows = {}
+    for name, shape in CONV_SHAPES.items():
+        for direction in ("fwd", "bwd"):
+            rows[f"{name} {direction}"] = lambda mem, rng, s=shape, d=direction: conv_case(mem, rng, batch, *s, d)
+    for direction in ("fwd", "bwd"):
+        rows[f"batchnorm 64ch {direction}"] = lambda mem, rng, d=direction: batchnorm_case(
+            mem, rng, batch * 32 * 32, 64, d)
+        rows[f"linear 512-1000 {direction}"] = lambda mem, rng, d=direction: linear_case(mem, rng, batch, 512, 1000, d)
+    rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, _elementwise.GELU)
+    rows["dropout"] = lambda mem, rng: dropout_case(mem, rng, batch * 4096)
+    rows["maxpool 3-2-1"] = lambda mem, rng: maxpool_case(mem, rng, batch, 32, 64)
+    rows["gap 8x8x512"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 512)
+    rows["softmax-ce 1000"] = lambda mem, rng: softmax_case(mem, rng, batch, 1000)
+    n_params = PARAMETERS if batch == TIMING_BATCH else 1 << 16
+    rows["adamw region"] = lambda mem, rng: adam_case(mem, rng, n_params)
+    rows["overflow+cast region"] = lambda mem, rng: overflow_and_cast_case(mem, rng, n_params)
+    return rows
+
+
+# ---------------------------------------------------------------------------- running
+
+def time_tape(tape, stream, repeats=None, budget_s=0.2):
+    """Mean seconds per eager replay of ``tape`` on ``stream`` (after one warm-up replay)."""
+    return _time(lambda: tape.replay(stream), stream, repeats, budget_s)
+
+
+def time_runner(runner, stream, repeats=None, budget_s=0.2):
+    """Mean seconds per ``runner.run(stream)`` (the first run, which may capture, is not timed)."""
+    return _time(lambda: runner.run(stream), stream, repeats, budget_s)
+
+
+def _time(step, stream, repeats, budget_s):
+    step()
+    synchronize(stream)
+    start, end = cuda.event(), cuda.event()
+    if repeats is None:
+        start.record(stream)
+        step()
+        end.record(stream)
+        end.synchronize()
+        repeats = int(min(200, max(3, budget_s / max(cuda.event_elapsed_time(start, end) / 1e3, 1e-6))))
+    start.record(stream)
+    for _ in range(repeats):
+        step()
+    end.record(stream)
+    end.synchronize()
+    return cuda.event_elapsed_time(start, end) / 1e3 / repeats
+
+
+def compare(case):
+    """``[(label, max_abs_error, ok)]`` of a case's outputs against the spec."""
+    results = []
+    for label, (expected, tol) in case.expected().items():
+        got = case.outputs[label].copy_to_host()
+        if tol == "exact":
+            ok, err = bool(np.array_equal(got, expected)), float(np.abs(got.astype(np.float64) - expected).max())
+        else:
+            rtol, atol_frac = TOLERANCES[tol]
+            atol = atol_frac * float(np.abs(expected).max(initial=0.0))
+            diff = np.abs(got.astype(np.float64) - expected)
+            ok, err = bool(np.all(diff <= atol + rtol * np.abs(expected))), float(diff.max())
+        results.append((label, err, ok))
+    return results
+
+
+def cross_check(rows, stream):
+    failures = []
+    for name, build in rows.items():
+        case = build(DeviceMemory(), np.random.default_rng(0))
+        cuda.synchronize()   # inputs were copied on the default stream; ``stream`` does not wait for it
+        tape = LaunchTape()
+        case.record(tape)
+        tape.replay(stream)
+        synchronize(stream)
+        results = compare(case)
+        failures += [f"{name}: {label}" for label, _, ok in results if not ok]
+        print(f"  {name:28s} " + "  ".join(f"{label} {err:.2e} {'ok' if ok else 'FAIL'}" for label, err, ok in results))
+    return failures
+
+
+def timing_table(rows, stream):
+    report = []
+    print(f"  {'row':28s} {'us':>10s} {'TFLOP/s':>8s} {'GB/s':>8s} launches")
+    for name, build in rows.items():
+        case = build(DeviceMemory(), np.random.default_rng(0))
+        cuda.synchronize()
+        tape = LaunchTape()
+        case.record(tape)
+        seconds = time_tape(tape, stream)
+        tflops, gbs = case.flops / seconds / 1e12, case.bytes / seconds / 1e9
+        print(f"  {name:28s} {seconds * 1e6:10.1f} {tflops:8.2f} {gbs:8.1f} {len(tape)}")
+        report.append(dict(row=name, us=seconds * 1e6, tflops=tflops, gbs=gbs, launches=len(tape)))
+        del case, tape
+    return report
+
+
+def graph_case(mem):
+    """Many small launches driven by device scalars: what graph replay is for."""
+    rng = np.random.default_rng(1)
+    (_, x), y = mem.random(rng, 4096, np.float16), mem.output(4096, np.float16)
+    (_, p), (_, g) = mem.random(rng, 4096, np.float32), mem.random(rng, 4096, np.float32)
+    m, v, mask = mem.constant(np.zeros(4096, np.float32)), mem.constant(np.zeros(4096, np.float32)), mem.output(
+        4096, np.uint8)
+    lr, step, iteration, scale, flag, tracker = (mem.constant(np.array([a], t)) for a, t in [
+        (1e-3, np.float32), (0, np.int32), (0, np.int32), (1.0, np.float32), (0, np.int32), (0, np.int32)])
+
+    def record(t):
+        for _ in range(50):
+            _elementwise.dropout_forward(t, x, y, mask, 0.5, 5, iteration)
+            _elementwise.activation_forward(t, _elementwise.SILU, y, y)
+        _optim.check_overflow(t, g, flag)
+        _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 0.0, True)
+        _optim.update_loss_scale(t, flag, scale, tracker)
+        _optim.advance_counters(t, flag, step, iteration)
+    return record, {"y": y, "p": p, "mask": mask, "step": step, "iteration": iteration}
+
+
+def graph_check(stream):
+    """Graph replay equals eager replay step by step; returns (eager_us, graph_us, failures)."""
+    record_e, eager = graph_case(DeviceMemory())
+    record_g, graphed = graph_case(DeviceMemory())
+    tape_e, tape_g = LaunchTape(), LaunchTape()
+    record_e(tape_e)
+    record_g(tape_g)
+    cuda.synchronize()
+    runner = StepRunner(tape_g, "graph")
+    failures = []
+    for i in range(3):
+        tape_e.replay(stream)
+        runner.run(stream)
+        synchronize(stream)
+        for label in eager:
+            if not np.array_equal(eager[label].copy_to_host(), graphed[label].copy_to_host()):
+                failures.append(f"graph replay {i}: {label} differs from eager")
+    if graphed["step"].copy_to_host()[0] != 3:
+        failures.append("graph replay did not advance the device step counter")
+    return time_tape(tape_e, stream) * 1e6, time_runner(runner, stream) * 1e6, len(tape_g), failures
+
+
+def dry_run(only):
+    kernels = all_kernels()
+    used = set()
+    for batch, label in [(CHECK_BATCH, "cross-check"), (TIMING_BATCH, "timing")]:
+        rows = {n: b for n, b in table(batch).items() if only in n}
+        print(f"{label} rows at batch {batch}:")
+        for name, build in rows.items():
+            case = build(HostStandIns(), None)
+            launcher = DryLauncher()
+            case.record(launcher)
+            used.update(launcher.names)
+            outputs = ", ".join(f"{k}{tuple(v.shape)}" for k, v in case.outputs.items())
+            print(f"  {name:28s} {len(launcher.names)} launches ({', '.join(dict.fromkeys(launcher.names))}) -> "
+                  f"{outputs}; {case.bytes / 1e6:.1f} MB moved")
+    record, _ = graph_case(HostStandIns())
+    launcher = DryLauncher()
+    record(launcher)
+    used.update(launcher.names)
+    print(f"graph-vs-eager: {len(launcher.names)} launches; graph support here: {graph_support()}")
+    unknown = used - set(kernels)
+    assert not unknown, f"launched kernels missing from the table: {unknown}"
+    print(f"dry run ok: {len(used)} of {len(kernels)} table kernels would run; not timed here: "
+          f"{sorted(set(kernels) - used)}")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="CPU-side self-test; no GPU needed")
+    parser.add_argument("--only", default="", help="run the rows whose name contains this")
+    parser.add_argument("--json", help="write the timing table here")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        dry_run(args.only)
+        return 0
+    if not cuda.is_available():
+        print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
+        return 2
+    stream, started = new_stream(), time.time()
+    print(f"device: {cuda.get_current_device().name}")
+    print(f"cross-checks at batch {CHECK_BATCH}:")
+    failures = cross_check({n: b for n, b in table(CHECK_BATCH).items() if args.only in n}, stream)
+    print(f"timings at batch {TIMING_BATCH} (eager tape replay, events on one stream):")
+    report = timing_table({n: b for n, b in table(TIMING_BATCH).items() if args.only in n}, stream)
+    eager_us, graph_us, launches, graph_failures = graph_check(stream)
+    failures += graph_failures
+    print(f"graph vs eager, {launches} launches per step: eager {eager_us:.1f} us, graph {graph_us:.1f} us")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(timings=report, graph=dict(eager_us=eager_us, graph_us=graph_us, launches=launches),
+                           failures=failures), f, indent=1)
+    print(f"{'FAILED: ' + '; '.join(failures) if failures else 'all checks passed'} ({time.time() - started:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
