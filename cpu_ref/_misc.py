@@ -26,6 +26,8 @@ def flat(a):
 
 @njit(cache=True, inline="always")
 def partition(n, t, nworkers):
+    """Bounds of worker ``t``'s span of ``range(n)``. Kernels loop over ``view[lo:hi]`` from 0:
+    a loop index numba knows is non-negative needs no wraparound check and vectorises."""
     per = (n + nworkers - 1) // nworkers
     return min(n, t * per), min(n, (t + 1) * per)
 
@@ -36,20 +38,22 @@ def partition(n, t, nworkers):
 def _add(a, b, y, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(y.size, t, nworkers)
-        for i in range(lo, hi):
-            y[i] = a[i] + b[i]
+        av, bv, yv = a[lo:hi], b[lo:hi], y[lo:hi]
+        for i in range(yv.size):
+            yv[i] = av[i] + bv[i]
 
 
 @njit(cache=True, parallel=True)
 def _accumulate_into(dst, src, accumulate, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(dst.size, t, nworkers)
+        dv, sv = dst[lo:hi], src[lo:hi]
         if accumulate:
-            for i in range(lo, hi):
-                dst[i] += src[i]
+            for i in range(dv.size):
+                dv[i] += sv[i]
         else:
-            for i in range(lo, hi):
-                dst[i] = src[i]
+            for i in range(dv.size):
+                dv[i] = sv[i]
 
 
 def add_forward(a, b, y):
@@ -92,25 +96,20 @@ def _dropout_forward(x, y, mask, p, scale, seed, step, nworkers):
     key = _mix64(seed * _GOLDEN + step)
     for t in prange(nworkers):
         lo, hi = partition(x.size, t, nworkers)
-        for i in range(lo, hi):
-            if _uniform(key, i) >= p:
-                mask[i] = 1
-                y[i] = x[i] * scale
-            else:
-                mask[i] = 0
-                y[i] = 0.0
+        xv, yv, mv = x[lo:hi], y[lo:hi], mask[lo:hi]
+        for i in range(xv.size):
+            keep = _uniform(key, lo + i) >= p
+            mv[i] = keep
+            yv[i] = xv[i] * scale if keep else np.float32(0.0)
 
 
 @njit(cache=True, parallel=True)
 def _dropout_backward(mask, dy, dx, scale, accumulate, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(dy.size, t, nworkers)
-        for i in range(lo, hi):
-            g = dy[i] * scale if mask[i] else np.float32(0.0)
-            if accumulate:
-                dx[i] += g
-            else:
-                dx[i] = g
+        mv, gv, dv = mask[lo:hi], dy[lo:hi], dx[lo:hi]
+        for i in range(dv.size):
+            dv[i] = (gv[i] * scale if mv[i] else np.float32(0.0)) + (dv[i] if accumulate else np.float32(0.0))
 
 
 def _dropout_scale(p):

@@ -16,16 +16,15 @@ from cpu_ref._misc import flat, partition, workers_for
 def _sgd(p, g, buf, lr, momentum, one_minus_dampening, nesterov, weight_decay, first_step, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(p.size, t, nworkers)
-        for i in range(lo, hi):
-            d = g[i] + weight_decay * p[i]
-            if buf is not None:
-                if first_step:
-                    b = d
-                else:
-                    b = momentum * buf[i] + one_minus_dampening * d
-                buf[i] = b
+        pv, gv = p[lo:hi], g[lo:hi]
+        bv = buf[lo:hi] if buf is not None else None
+        for i in range(pv.size):
+            d = gv[i] + weight_decay * pv[i]
+            if bv is not None:
+                b = d if first_step else momentum * bv[i] + one_minus_dampening * d
+                bv[i] = b
                 d = d + momentum * b if nesterov else b
-            p[i] -= lr * d
+            pv[i] -= lr * d
 
 
 def sgd_step(p, g, buf, lr, momentum, dampening, nesterov, weight_decay, first_step):
@@ -36,17 +35,19 @@ def sgd_step(p, g, buf, lr, momentum, dampening, nesterov, weight_decay, first_s
 
 
 @njit(cache=True, parallel=True)
-def _adam(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, step_size, sqrt_bias2, nworkers):
+def _adam(p, g, m, v, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, decay_factor, step_size,
+          sqrt_bias2, nworkers):
     for t in prange(nworkers):
         lo, hi = partition(p.size, t, nworkers)
-        for i in range(lo, hi):
-            pi = p[i] * decay_factor
-            gi = g[i] + weight_decay * pi
-            mi = beta1 * m[i] + one_minus_beta1 * gi
-            vi = beta2 * v[i] + one_minus_beta2 * gi * gi
-            m[i] = mi
-            v[i] = vi
-            p[i] = pi - step_size * (mi / (np.sqrt(vi) / sqrt_bias2 + eps))
+        pv, gv, mv, vv = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi]
+        for i in range(pv.size):
+            pi = pv[i] * decay_factor
+            gi = gv[i] + weight_decay * pi
+            mi = beta1 * mv[i] + one_minus_beta1 * gi
+            vi = beta2 * vv[i] + one_minus_beta2 * gi * gi
+            mv[i] = mi
+            vv[i] = vi
+            pv[i] = pi - step_size * (mi / (np.sqrt(vi) / sqrt_bias2 + eps))
 
 
 def adam_step(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, decoupled):
@@ -54,6 +55,6 @@ def adam_step(p, g, m, v, lr, beta1, beta2, eps, weight_decay, step, decoupled):
     f32 = np.float32
     decay_factor = 1.0 - lr * weight_decay if decoupled else 1.0
     coupled_decay = 0.0 if decoupled else weight_decay
-    _adam(flat(p), flat(g), flat(m), flat(v), f32(beta1), f32(1.0 - beta1), f32(beta2), f32(1.0 - beta2), f32(eps), f32(coupled_decay),
-          f32(decay_factor), f32(lr / (1.0 - beta1 ** step)), f32(math.sqrt(1.0 - beta2 ** step)),
+    _adam(flat(p), flat(g), flat(m), flat(v), f32(beta1), f32(1.0 - beta1), f32(beta2), f32(1.0 - beta2), f32(eps),
+          f32(coupled_decay), f32(decay_factor), f32(lr / (1.0 - beta1 ** step)), f32(math.sqrt(1.0 - beta2 ** step)),
           workers_for(p.size))

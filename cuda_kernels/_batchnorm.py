@@ -17,7 +17,7 @@ import numpy as np
 from numba import cuda
 
 from ._elementwise import fill_zero
-from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, grid_1d, kernel, nbt
+from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 COLS, ROWS = 32, 8                       # reduction block: 32 channels x 8 row lanes
@@ -123,10 +123,6 @@ def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channe
         dx[i] = f16(v)
 
 
-def _flat(a):
-    return a.reshape(a.size)
-
-
 def _reduction_grid(rows, channels):
     col_blocks = math.ceil(channels / COLS)
     splits = max(1, min(math.ceil(TARGET_BLOCKS / col_blocks), math.ceil(rows / (4 * ROWS))))
@@ -140,16 +136,16 @@ def batchnorm_stats(launcher, x2d, sums, sumsq):
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
     fill_zero(launcher, sums)
     fill_zero(launcher, sumsq)
-    launcher.launch(_batchnorm_stats, grid, block, _flat(x2d), sums, sumsq, np.int32(channels), rows_per_block)
+    launcher.launch(_batchnorm_stats, grid, block, flat(x2d), sums, sumsq, np.int32(channels), rows_per_block)
 
 
 def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, relu, residual, spread_is_var, eps):
-    head = (_flat(x2d), mean, spread, gamma, beta)
-    tail = (_flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
+    head = (flat(x2d), mean, spread, gamma, beta)
+    tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
     if residual is None:
         launcher.launch(_batchnorm_apply, *grid_1d(x2d.size), *head, *tail)
     else:
-        launcher.launch(_batchnorm_apply_residual, *grid_1d(x2d.size), *head, _flat(residual), *tail)
+        launcher.launch(_batchnorm_apply_residual, *grid_1d(x2d.size), *head, flat(residual), *tail)
 
 
 def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
@@ -175,8 +171,8 @@ def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d,
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
     fill_zero(launcher, dgamma)
     fill_zero(launcher, dbeta)
-    launcher.launch(_batchnorm_backward_reduce, grid, block, _flat(x2d), _flat(dy2d), save_mean, save_invstd,
+    launcher.launch(_batchnorm_backward_reduce, grid, block, flat(x2d), flat(dy2d), save_mean, save_invstd,
                     dgamma, dbeta, np.int32(channels), rows_per_block)
     if dx2d is not None:
-        launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), _flat(x2d), _flat(dy2d), save_mean,
-                        save_invstd, gamma, dgamma, dbeta, _flat(dx2d), np.int32(channels), np.int32(accumulate))
+        launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), flat(x2d), flat(dy2d), save_mean,
+                        save_invstd, gamma, dgamma, dbeta, flat(dx2d), np.int32(channels), np.int32(accumulate))

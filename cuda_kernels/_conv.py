@@ -12,16 +12,17 @@ Depthwise (``groups == Cin == Cout``) runs direct kernels, one thread per elemen
 """
 import math
 
-import numpy as np
 from numba import cuda
 
+from ._batchnorm import batchnorm_stats
 from ._elementwise import fill_zero
 from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
-from ._registry import F1, H1, SIMULATOR, ZERO, grid_1d, kernel, nbt
-from ._tile import BK, BM, BN, TM, TN, tile_col, tile_row
+from ._registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
+from ._tile import A_TILE, B_TILE, BK, BM, BN, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
 _SPLIT_TARGET_BLOCKS = 2 if SIMULATOR else 264   # two blocks per SM of an H200
+DEPTHWISE_WEIGHT_THREADS = 128
 
 
 @cuda.jit(device=True)
@@ -87,18 +88,18 @@ def _load_x_for_dw(x, geo, g, k, n):
     return _x_patch(x, geo, g, k, n)
 
 
-_forward_mainloop = make_mainloop(_load_x_patch, _load_w_row, a_k_fastest=True, b_k_fastest=True)
+forward_mainloop = make_mainloop(_load_x_patch, _load_w_row, a_k_fastest=True, b_k_fastest=True)
 _backward_data_mainloop = make_mainloop(_load_dy_gather, _load_w_tap, a_k_fastest=True, b_k_fastest=False)
 _backward_weight_mainloop = make_mainloop(_load_dy_column, _load_x_for_dw, a_k_fastest=False, b_k_fastest=False)
 
 
 @kernel("conv2d_forward", (H1, H1, H1, CONV_GEOMETRY))
 def _conv2d_forward(x, w, y, geo):
-    As = cuda.shared.array((BK, BM), nbt.float16)
-    Bs = cuda.shared.array((BK, BN), nbt.float16)
+    As = cuda.shared.array(A_TILE, nbt.float16)
+    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, m0, n0 = cuda.blockIdx.z, cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
-    _forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
+    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
     for i in range(TM):
         m = m0 + tile_row(i)
         for j in range(TN):
@@ -109,8 +110,8 @@ def _conv2d_forward(x, w, y, geo):
 
 @kernel("conv2d_forward_bn_stats", (H1, H1, H1, F1, F1, CONV_GEOMETRY))
 def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
-    As = cuda.shared.array((BK, BM), nbt.float16)
-    Bs = cuda.shared.array((BK, BN), nbt.float16)
+    As = cuda.shared.array(A_TILE, nbt.float16)
+    Bs = cuda.shared.array(B_TILE, nbt.float16)
     col_sum = cuda.shared.array(BN, nbt.float32)
     col_sumsq = cuda.shared.array(BN, nbt.float32)
     acc = cuda.local.array((TM, TN), nbt.float32)
@@ -120,7 +121,7 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
         col_sum[tid] = ZERO
         col_sumsq[tid] = ZERO
     cuda.syncthreads()
-    _forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
+    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
     for j in range(TN):
         n = n0 + tile_col(j)
         part, part_sq = ZERO, ZERO
@@ -139,25 +140,10 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
         cuda.atomic.add(sumsq, g * geo[1] + n0 + tid, col_sumsq[tid])
 
 
-@kernel("linear_forward_bias", (H1, H1, F1, H1, CONV_GEOMETRY))
-def _linear_forward_bias(x, w, bias, y, geo):
-    As = cuda.shared.array((BK, BM), nbt.float16)
-    Bs = cuda.shared.array((BK, BN), nbt.float16)
-    acc = cuda.local.array((TM, TN), nbt.float32)
-    m0, n0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
-    _forward_mainloop(x, w, geo, 0, m0, n0, 0, geo[2], As, Bs, acc)
-    for i in range(TM):
-        m = m0 + tile_row(i)
-        for j in range(TN):
-            n = n0 + tile_col(j)
-            if m < geo[0] and n < geo[1]:
-                y[m * geo[1] + n] = f16(acc[i, j] + bias[n])
-
-
 @kernel("conv2d_backward_data", (H1, H1, H1, CONV_GEOMETRY))
 def _conv2d_backward_data(dy, w, dx, geo):
-    As = cuda.shared.array((BK, BM), nbt.float16)
-    Bs = cuda.shared.array((BK, BN), nbt.float16)
+    As = cuda.shared.array(A_TILE, nbt.float16)
+    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, m0, n0 = cuda.blockIdx.z, cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
     _backward_data_mainloop(dy, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
@@ -176,8 +162,8 @@ def _conv2d_backward_data(dy, w, dx, geo):
 @kernel("conv2d_backward_weight", (H1, H1, F1, CONV_GEOMETRY))
 def _conv2d_backward_weight(dy, x, dw, geo):
     """Adds this block's share of the pixel reduction into ``dw`` (zeroed by the launcher)."""
-    As = cuda.shared.array((BK, BM), nbt.float16)
-    Bs = cuda.shared.array((BK, BN), nbt.float16)
+    As = cuda.shared.array(A_TILE, nbt.float16)
+    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, split = cuda.blockIdx.z % geo[14], cuda.blockIdx.z // geo[14]
     m0, n0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
@@ -245,11 +231,7 @@ def _depthwise_backward_weight(dy, x, dw, geo):
         cuda.atomic.add(dw, (c * kh_ + i) * kw_ + j, acc)
 
 
-def _flat(a):
-    return a.reshape(a.size)
-
-
-def _geometry(x_shape, w_shape, y_shape, stride, pad, groups, gemm_m, gemm_n, gemm_k, k_chunk=0, accumulate=False):
+def conv_geometry(x_shape, w_shape, y_shape, stride, pad, groups, gemm_m, gemm_n, gemm_k, k_chunk=0, accumulate=False):
     n, h, w, c_in = x_shape
     c_out, kh, kw, cin_g = w_shape
     expected = (n, (h + 2 * pad - kh) // stride + 1, (w + 2 * pad - kw) // stride + 1, c_out)
@@ -274,23 +256,22 @@ def _reduction_split(total, tiles, granule):
 
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
     """``y = conv(x, w)``; with ``bn_sums = (sums, sumsq)`` also their per-channel sums (zeroed first)."""
-    from ._batchnorm import batchnorm_stats
     c_out, kh, kw, cin_g = w.shape
     pixels = y.size // c_out
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
-        geo = _geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw)
-        launcher.launch(_depthwise_forward, *grid_1d(y.size), _flat(x), _flat(w), _flat(y), geo)
+        geo = conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw)
+        launcher.launch(_depthwise_forward, *grid_1d(y.size), flat(x), flat(w), flat(y), geo)
         if bn_sums is not None:
             batchnorm_stats(launcher, y, *bn_sums)
         return
-    geo = _geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out // groups, kh * kw * cin_g)
+    geo = conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out // groups, kh * kw * cin_g)
     grid = gemm_grid(pixels, c_out // groups, groups)
     if bn_sums is None:
-        launcher.launch(_conv2d_forward, grid, BLOCK, _flat(x), _flat(w), _flat(y), geo)
+        launcher.launch(_conv2d_forward, grid, BLOCK, flat(x), flat(w), flat(y), geo)
     else:
         fill_zero(launcher, bn_sums[0])
         fill_zero(launcher, bn_sums[1])
-        launcher.launch(_conv2d_forward_bn_stats, grid, BLOCK, _flat(x), _flat(w), _flat(y), *bn_sums, geo)
+        launcher.launch(_conv2d_forward_bn_stats, grid, BLOCK, flat(x), flat(w), flat(y), *bn_sums, geo)
 
 
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
@@ -299,23 +280,25 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     pixels_out = dy.size // c_out
     fill_zero(launcher, dw)
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
-        splits, chunk = _reduction_split(pixels_out, math.ceil(dw.size / 256), 64)
-        geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, chunk)
-        launcher.launch(_depthwise_backward_weight, (math.ceil(dw.size / 128), splits), 128,
-                        _flat(dy), _flat(x), _flat(dw), geo)
+        blocks = math.ceil(dw.size / DEPTHWISE_WEIGHT_THREADS)
+        splits, chunk = _reduction_split(pixels_out, blocks, 64)
+        geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, chunk)
+        launcher.launch(_depthwise_backward_weight, (blocks, splits), DEPTHWISE_WEIGHT_THREADS,
+                        flat(dy), flat(x), flat(dw), geo)
         if dx is not None:
-            geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, 0, accumulate)
-            launcher.launch(_depthwise_backward_data, *grid_1d(dx.size), _flat(dy), _flat(w), _flat(dx), geo)
+            geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, 0,
+                                accumulate)
+            launcher.launch(_depthwise_backward_data, *grid_1d(dx.size), flat(dy), flat(w), flat(dx), geo)
         return
     cout_g = c_out // groups
     tiles = gemm_grid(cout_g, kh * kw * cin_g, groups)
     splits, chunk = _reduction_split(pixels_out, tiles[0] * tiles[1] * tiles[2], BK)
-    geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, cout_g, kh * kw * cin_g, pixels_out, chunk)
+    geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, cout_g, kh * kw * cin_g, pixels_out, chunk)
     launcher.launch(_conv2d_backward_weight, gemm_grid(cout_g, kh * kw * cin_g, groups, splits), BLOCK,
-                    _flat(dy), _flat(x), _flat(dw), geo)
+                    flat(dy), flat(x), flat(dw), geo)
     if dx is not None:
         pixels_in = dx.size // tuple(dx.shape)[-1]
-        geo = _geometry(x.shape, w.shape, dy.shape, stride, pad, groups, pixels_in, cin_g, kh * kw * cout_g,
-                        0, accumulate)
+        geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, pixels_in, cin_g, kh * kw * cout_g,
+                            0, accumulate)
         launcher.launch(_conv2d_backward_data, gemm_grid(pixels_in, cin_g, groups), BLOCK,
-                        _flat(dy), _flat(w), _flat(dx), geo)
+                        flat(dy), flat(w), flat(dx), geo)

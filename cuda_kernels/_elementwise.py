@@ -9,8 +9,7 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, grid_1d, kernel
-from ._registry import nbt
+from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
 
@@ -19,10 +18,6 @@ ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
 _SIX, _THREE, _THIRD = np.float32(6.0), np.float32(3.0), np.float32(1.0 / 3.0)
 _SIXTH, _INV_SQRT2 = np.float32(1.0 / 6.0), np.float32(1.0 / math.sqrt(2.0))
 _INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
-
-
-def _flat(a):
-    return a.reshape(a.size)
 
 
 @cuda.jit(device=True)
@@ -93,11 +88,11 @@ def _activation_backward(saved, dy, dx, code, alpha, accumulate):
 
 
 def activation_forward(launcher, code, x, y, alpha=0.01):
-    launcher.launch(_activation_forward, *grid_1d(x.size), _flat(x), _flat(y), np.int32(code), np.float32(alpha))
+    launcher.launch(_activation_forward, *grid_1d(x.size), flat(x), flat(y), np.int32(code), np.float32(alpha))
 
 
 def activation_backward(launcher, code, saved, dy, dx, alpha=0.01, accumulate=False):
-    launcher.launch(_activation_backward, *grid_1d(dy.size), _flat(saved), _flat(dy), _flat(dx),
+    launcher.launch(_activation_backward, *grid_1d(dy.size), flat(saved), flat(dy), flat(dx),
                     np.int32(code), np.float32(alpha), np.int32(accumulate))
 
 
@@ -114,12 +109,12 @@ def _accumulate_into(dst, src, accumulate):
 
 
 def add_forward(launcher, a, b, y):
-    launcher.launch(_add_forward, *grid_1d(y.size), _flat(a), _flat(b), _flat(y))
+    launcher.launch(_add_forward, *grid_1d(y.size), flat(a), flat(b), flat(y))
 
 
 def accumulate_into(launcher, dst, src, accumulate):
     """``dst = src`` or ``dst += src`` (the backward of a residual add)."""
-    launcher.launch(_accumulate_into, *grid_1d(dst.size), _flat(dst), _flat(src), np.int32(accumulate))
+    launcher.launch(_accumulate_into, *grid_1d(dst.size), flat(dst), flat(src), np.int32(accumulate))
 
 
 @kernel("channel_pad_forward", (H1, H1, I32, I32))
@@ -137,12 +132,12 @@ def _channel_pad_backward(dy, dx, c_in, c_out, accumulate):
 
 def channel_pad_forward(launcher, x, y):
     """Copy ``x`` into the first channels (last axis) of ``y``; zeros in the new ones."""
-    launcher.launch(_channel_pad_forward, *grid_1d(y.size), _flat(x), _flat(y),
+    launcher.launch(_channel_pad_forward, *grid_1d(y.size), flat(x), flat(y),
                     np.int32(tuple(x.shape)[-1]), np.int32(tuple(y.shape)[-1]))
 
 
 def channel_pad_backward(launcher, dy, dx, accumulate):
-    launcher.launch(_channel_pad_backward, *grid_1d(dx.size), _flat(dy), _flat(dx),
+    launcher.launch(_channel_pad_backward, *grid_1d(dx.size), flat(dy), flat(dx),
                     np.int32(tuple(dx.shape)[-1]), np.int32(tuple(dy.shape)[-1]), np.int32(accumulate))
 
 
@@ -184,12 +179,12 @@ def dropout_threshold(p):
 
 def dropout_forward(launcher, x, y, mask, p, seed, step):
     """Inverted dropout; ``step`` is a 1-element int32 device array (the per-step counter)."""
-    launcher.launch(_dropout_forward, *grid_1d(x.size), _flat(x), _flat(y), _flat(mask),
+    launcher.launch(_dropout_forward, *grid_1d(x.size), flat(x), flat(y), flat(mask),
                     np.uint64(seed % 2 ** 64), dropout_threshold(p), _dropout_scale(p), step)
 
 
 def dropout_backward(launcher, mask, dy, dx, p, accumulate):
-    launcher.launch(_dropout_backward, *grid_1d(dy.size), _flat(mask), _flat(dy), _flat(dx),
+    launcher.launch(_dropout_backward, *grid_1d(dy.size), flat(mask), flat(dy), flat(dx),
                     _dropout_scale(p), np.int32(accumulate))
 
 
@@ -201,7 +196,7 @@ def _cast_f32_to_f16(src, dst):
 
 def cast_f32_to_f16(launcher, src, dst):
     """fp16 copies of the fp32 master parameters (one launch over the whole region)."""
-    launcher.launch(_cast_f32_to_f16, *grid_1d(src.size), _flat(src), _flat(dst))
+    launcher.launch(_cast_f32_to_f16, *grid_1d(src.size), flat(src), flat(dst))
 
 
 @kernel("fill_zero_u32", (W1,))
@@ -218,15 +213,15 @@ def _fill_zero_f16(x):
 
 def fill_zero(launcher, x):
     """Zero a device array of any dtype (4-byte dtypes through a uint32 view)."""
-    flat = _flat(x)
-    if flat.dtype.itemsize == 4:
-        words = flat.view(np.uint32)
+    values = flat(x)
+    if values.dtype.itemsize == 4:
+        words = values.view(np.uint32)
         launcher.launch(_fill_zero_u32, *grid_1d(words.size), words)
-    elif flat.dtype == np.float16:
-        launcher.launch(_fill_zero_f16, *grid_1d(flat.size), flat)
-    elif flat.dtype == np.uint8 and flat.size % 4 == 0:
-        words = flat.view(np.uint32)
+    elif values.dtype == np.float16:
+        launcher.launch(_fill_zero_f16, *grid_1d(values.size), values)
+    elif values.dtype == np.uint8 and values.size % 4 == 0:
+        words = values.view(np.uint32)
         launcher.launch(_fill_zero_u32, *grid_1d(words.size), words)
     else:
         raise TypeError(f"fill_zero: expects a 4-byte dtype, float16 or uint8 with size % 4 == 0, "
-                        f"got {flat.dtype} of size {flat.size}")
+                        f"got {values.dtype} of size {values.size}")

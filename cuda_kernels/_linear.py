@@ -5,14 +5,29 @@ A linear layer is a 1x1 convolution over ``N`` one-pixel images, so it runs the 
 tiled implicit-GEMM kernels (``_conv``); only the bias epilogue and the bias gradient
 are its own.
 """
-import numpy as np
 from numba import cuda
 
-from ._conv import _geometry, _linear_forward_bias, conv2d_backward, conv2d_forward
-from ._gemm import BLOCK, gemm_grid
+from ._conv import conv2d_backward, conv2d_forward, conv_geometry, forward_mainloop
+from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid
 from ._registry import F1, H1, ZERO, grid_1d, kernel, nbt
+from ._tile import A_TILE, B_TILE, BM, BN, TM, TN, tile_col, tile_row
 
-f32 = nbt.float32
+f16, f32 = nbt.float16, nbt.float32
+
+
+@kernel("linear_forward_bias", (H1, H1, F1, H1, CONV_GEOMETRY))
+def _linear_forward_bias(x, w, bias, y, geo):
+    As = cuda.shared.array(A_TILE, nbt.float16)
+    Bs = cuda.shared.array(B_TILE, nbt.float16)
+    acc = cuda.local.array((TM, TN), nbt.float32)
+    m0, n0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
+    forward_mainloop(x, w, geo, 0, m0, n0, 0, geo[2], As, Bs, acc)
+    for i in range(TM):
+        m = m0 + tile_row(i)
+        for j in range(TN):
+            n = n0 + tile_col(j)
+            if m < geo[0] and n < geo[1]:
+                y[m * geo[1] + n] = f16(acc[i, j] + bias[n])
 
 
 @kernel("linear_bias_grad", (H1, F1))
@@ -37,7 +52,7 @@ def linear_forward(launcher, x2d, w, b, y):
         return
     n, f_in = x2d.shape
     f_out = w.shape[0]
-    geo = _geometry((n, 1, 1, f_in), (f_out, 1, 1, f_in), (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
+    geo = conv_geometry((n, 1, 1, f_in), (f_out, 1, 1, f_in), (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
     launcher.launch(_linear_forward_bias, gemm_grid(n, f_out, 1), BLOCK, x2d.reshape(x2d.size), w.reshape(w.size),
                     b, y.reshape(y.size), geo)
 

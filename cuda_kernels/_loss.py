@@ -78,9 +78,9 @@ def softmax_cross_entropy(launcher, logits, labels, smoothing, loss, dlogits=Non
     if (dlogits is None) != (grad_scale is None):
         raise ValueError("softmax_cross_entropy: pass dlogits and grad_scale together (training) or neither (eval)")
     fill_zero(launcher, loss)
-    flat = logits.reshape(logits.size)
+    logits_1d = logits.reshape(logits.size)
     # Without a gradient the kernel never touches its dlogits / grad_scale arguments.
-    launcher.launch(_softmax_cross_entropy, rows, ROW_THREADS, flat, labels, loss,
-                    flat if dlogits is None else dlogits.reshape(dlogits.size),
+    launcher.launch(_softmax_cross_entropy, rows, ROW_THREADS, logits_1d, labels, loss,
+                    logits_1d if dlogits is None else dlogits.reshape(dlogits.size),
                     loss if grad_scale is None else grad_scale,
                     np.float32(smoothing), np.int32(classes), np.int32(dlogits is not None))

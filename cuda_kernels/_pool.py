@@ -8,7 +8,7 @@ no atomics and accumulate into ``dx`` directly. Window geometry is the tuple
 import numpy as np
 from numba import cuda
 
-from ._registry import H1, I1, I32, ONE, ZERO, geometry, grid_1d, int32_tuple, kernel, nbt
+from ._registry import H1, I1, I32, ONE, ZERO, flat, geometry, grid_1d, int32_tuple, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 _NEG_INF = np.float32(-np.inf)
@@ -125,10 +125,6 @@ def _gap_backward(dy, dx, pixels, channels, accumulate):
         dx[e] = f16(g)
 
 
-def _flat(a):
-    return a.reshape(a.size)
-
-
 def _pool_geometry(x_shape, y_shape, k, s, p):
     n, h, w, c = x_shape
     return int32_tuple(n, h, w, c, y_shape[1], y_shape[2], k, s, p)
@@ -136,32 +132,32 @@ def _pool_geometry(x_shape, y_shape, k, s, p):
 
 def maxpool_forward(launcher, x, y, argmax, k, s, p):
     """``-inf`` padding; ``argmax`` (int32) holds ``(h*W + w)*C + c`` within the sample."""
-    launcher.launch(_maxpool_forward, *grid_1d(y.size), _flat(x), _flat(y), _flat(argmax),
+    launcher.launch(_maxpool_forward, *grid_1d(y.size), flat(x), flat(y), flat(argmax),
                     _pool_geometry(x.shape, y.shape, k, s, p))
 
 
 def maxpool_backward(launcher, argmax, dy, dx, k, s, p, accumulate):
-    launcher.launch(_maxpool_backward, *grid_1d(dx.size), _flat(argmax), _flat(dy), _flat(dx),
+    launcher.launch(_maxpool_backward, *grid_1d(dx.size), flat(argmax), flat(dy), flat(dx),
                     _pool_geometry(dx.shape, dy.shape, k, s, p), np.int32(accumulate))
 
 
 def avgpool_forward(launcher, x, y, k, s, p):
     """``count_include_pad=True``: the divisor is always ``k*k``."""
-    launcher.launch(_avgpool_forward, *grid_1d(y.size), _flat(x), _flat(y), _pool_geometry(x.shape, y.shape, k, s, p))
+    launcher.launch(_avgpool_forward, *grid_1d(y.size), flat(x), flat(y), _pool_geometry(x.shape, y.shape, k, s, p))
 
 
 def avgpool_backward(launcher, dy, dx, k, s, p, accumulate):
-    launcher.launch(_avgpool_backward, *grid_1d(dx.size), _flat(dy), _flat(dx),
+    launcher.launch(_avgpool_backward, *grid_1d(dx.size), flat(dy), flat(dx),
                     _pool_geometry(dx.shape, dy.shape, k, s, p), np.int32(accumulate))
 
 
 def gap_forward(launcher, x, y):
     """``(N, H, W, C) -> (N, C)`` mean over the pixels."""
     n, h, w, c = x.shape
-    launcher.launch(_gap_forward, *grid_1d(y.size), _flat(x), _flat(y), np.int32(h * w), np.int32(c))
+    launcher.launch(_gap_forward, *grid_1d(y.size), flat(x), flat(y), np.int32(h * w), np.int32(c))
 
 
 def gap_backward(launcher, dy, dx, accumulate):
     n, h, w, c = dx.shape
-    launcher.launch(_gap_backward, *grid_1d(dx.size), _flat(dy), _flat(dx), np.int32(h * w), np.int32(c),
+    launcher.launch(_gap_backward, *grid_1d(dx.size), flat(dy), flat(dx), np.int32(h * w), np.int32(c),
                     np.int32(accumulate))

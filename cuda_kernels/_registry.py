@@ -57,6 +57,11 @@ def grid_1d(n, threads=THREADS):
     return max(1, min(math.ceil(n / threads), MAX_BLOCKS)), threads
 
 
+def flat(a):
+    """The 1-D view of a C-contiguous array (what every kernel takes)."""
+    return a.reshape(a.size)
+
+
 def int32_tuple(*values):
     return tuple(np.int32(v) for v in values)
 

@@ -3,7 +3,7 @@
 Every matrix kernel (convolution forward / backward-data / backward-weight, and the
 linear layers, which are 1x1 convolutions) runs the same main loop: a block computes a
 ``BM x BN`` tile of ``C = A @ B``; per ``BK`` slice of the reduction it stages
-``As[BK, BM]`` and ``Bs[BK, BN]`` (fp16) in shared memory and calls ``tile_mma``, which
+``As[BK, BM]`` and ``Bs[BK, BN]`` (fp16, shapes ``A_TILE`` / ``B_TILE``) in shared memory and calls ``tile_mma``, which
 adds ``As[:, rows].T @ Bs[:, cols]`` into the thread's fp32 accumulator ``acc[TM, TN]``.
 ``tile_row(i)`` / ``tile_col(j)`` say which tile row / column ``acc[i, j]`` holds.
 
@@ -23,6 +23,9 @@ TX, TY = (8, 8) if SIMULATOR else (16, 16)   # threads per block: (x, y)
 TM, TN = 4, 4                                # accumulators per thread
 BM, BN, BK = TY * TM, TX * TN, 16            # block tile (rows, columns, reduction slice)
 THREADS_PER_BLOCK = TX * TY
+# Shared tile shapes, rows padded by two fp16 (one 4-byte bank): staging with k fastest
+# writes one column of BK rows per warp, which would otherwise all hit the same bank.
+A_TILE, B_TILE = (BK, BM + 2), (BK, BN + 2)
 
 
 @cuda.jit(device=True)

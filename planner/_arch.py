@@ -11,6 +11,7 @@ PRIMITIVES = frozenset({
     "dropout", "flatten", "fc", "maxpool", "avgpool", "gap", "channel_pad", "add", "identity", "softmax_ce",
 })
 ACTIVATION_KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
+PARAMETER_KINDS = frozenset({"conv", "bn", "bn2d", "bn1d", "fc"})
 # fused kinds (fuse=True); each holds its unfused expansion in `sub`
 FUSED = frozenset({"cbr", "basic_block", "bottleneck", "inv_residual", "gap_fc"})
 
@@ -48,7 +49,11 @@ class ArchLayer:
 
     @property
     def name(self) -> str:
-        return self.prefix or self.path
+        """Parameter layers: their parameter prefix (`layer1.0.conv1`); others add the last DSL
+        path component (`layer1.0.relu1`, `2.relu`) so that names stay readable and distinct."""
+        if self.kind in PARAMETER_KINDS or self.sub or not self.prefix:
+            return self.prefix or self.path
+        return f"{self.prefix}.{self.path.rsplit('.', 1)[-1]}"
 
     def describe(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params)

@@ -13,7 +13,8 @@ simulator's idea):
 
 ``arena_bytes`` is the highest end of any placed tensor. The lower bound is the
 largest total of aligned sizes live at any one op (an event sweep); no
-allocator can beat it.
+allocator can beat it. Greedy by size stays within 1.05x of it on ResNet-sized
+training schedules but not on short chains: 1.5x on a 3-layer one (see tests).
 
 Never planned: zero-size tensors (offset 0, they occupy nothing and conflict
 with nothing). Lifetimes are inclusive op indices, so two tensors conflict iff

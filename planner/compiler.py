@@ -479,10 +479,11 @@ class _GraphBuilder:
         return writes
 
     def _optimizer_op(self, op_index) -> Op:
+        state = [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
         reads = [("grad", g) for g in self.grad_tensors.values()] + [("param", p) for p in self.grad_tensors]
-        reads += [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
+        reads += state
         reads += [("lr", self.io["lr"]), ("step", self.io["step"])]
-        writes = [("param", p) for p in self.grad_tensors] + [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
+        writes = [("param", p) for p in self.grad_tensors] + state
         writes.append(("step", self.io["step"]))
         return Op(op_index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
 

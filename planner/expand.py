@@ -49,7 +49,11 @@ def _rename_inputs(layers: list[ArchLayer], alias: dict[int, int]) -> list[ArchL
         while value in alias:
             value = alias[value]
         return value
-    return [replace(l, inputs=tuple(resolve(v) for v in l.inputs)) for l in layers]
+
+    def renamed(layer: ArchLayer) -> ArchLayer:  # replace() only where an input changes: it is slow
+        inputs = tuple(resolve(v) for v in layer.inputs)
+        return layer if inputs == layer.inputs else replace(layer, inputs=inputs)
+    return [renamed(l) for l in layers] if alias else list(layers)
 
 
 def drop_identities(layers: list[ArchLayer]) -> list[ArchLayer]:
@@ -63,8 +67,9 @@ def normalise_flatten(layers: list[ArchLayer]) -> list[ArchLayer]:
     next_value = max([l.output for l in layers] + [0]) + 1
     alias: dict[int, int] = {}
     out: list[ArchLayer] = []
-    for layer in _rename_inputs(layers, {}):
-        layer = replace(layer, inputs=tuple(alias.get(v, v) for v in layer.inputs))
+    for layer in layers:
+        if alias and any(v in alias for v in layer.inputs):
+            layer = replace(layer, inputs=tuple(alias.get(v, v) for v in layer.inputs))
         source_rank = rank_of[layer.inputs[0]] if layer.inputs else 4
         if layer.kind == "flatten" and source_rank == 2:
             alias[layer.output] = layer.inputs[0]

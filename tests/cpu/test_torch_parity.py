@@ -41,7 +41,7 @@ def tiny_mobilenet_blueprint():
 NETWORKS = [
     # name, our blueprint, torch model factory, input (H, W, C), batch
     ("mlp", lambda: zoo.mlp([48, 32, 16, 10]), lambda: torch_models.mlp([48, 32, 16, 10]), (4, 4, 3), 6),
-    ("resnet20", lambda: zoo.resnet20(), lambda: torch_models.resnet20(), (16, 16, 3), 4),
+    ("resnet20", lambda: zoo.resnet20(), lambda: torch_models.resnet20(), (16, 16, 3), 16),
     ("tiny_mobilenet", tiny_mobilenet_blueprint, lambda: torch_models.tiny_mobilenet(), (8, 8, 3), 4),
 ]
 OPTIMIZERS = [

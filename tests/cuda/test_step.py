@@ -9,6 +9,8 @@ from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim
 from cuda_kernels._arena import DeviceArena
 from cuda_kernels._tape import Immediate, LaunchTape
 
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 PARAM_ALIGN = 512   # fp32 params 512-aligned, so their fp16 mirrors (half the offset) stay 256-aligned
 SLOT_ALIGN = 256
 

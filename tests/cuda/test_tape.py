@@ -14,6 +14,7 @@ def test_arena_views_alias_one_buffer():
     arena = DeviceArena(1000)
     assert arena.nbytes == 1024
     arena.zero()
+    cuda.synchronize()   # zero() ran on the default stream, which a non-blocking stream does not wait for
     a = arena.view(256, (2, 3), np.float16)
     b = arena.view(256, 6, np.float16)
     stream = new_stream()

@@ -165,6 +165,17 @@ def test_sizes_round_up_to_the_alignment(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_extreme_op_indices(impl):
+    sizes = [256, 512, 256, 768, 256]
+    first = [-2**31, -2**31, 0, 2**31 - 1, 5]
+    last = [2**31 - 1, -2**31, 5, 2**31 - 1, 5]
+    offsets, arena = impl.assign_offsets(sizes, first, last)
+    assert_valid_plan(sizes, first, last, 256, offsets, arena)
+    assert offsets.tolist() == [768, 0, 0, 0, 256] and arena == 1024
+    assert impl.live_lower_bound(sizes, first, last) == 1024
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_empty_problem(impl):
     offsets, arena = impl.assign_offsets([], [], [])
     assert offsets.dtype == np.int64 and offsets.shape == (0,) and arena == 0

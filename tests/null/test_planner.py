@@ -3,18 +3,17 @@ random well-formed trees through compile + verify, and verify() catching corrupt
 
 Random trees come from `networks()`, a strategy that tracks the value's channels, spatial size
 and rank while it draws, so every tree it makes is valid by construction (the test that
-compiles them is the proof). `loose_trees()` makes arbitrary, mostly invalid trees: the twins
+compiles them is the proof). `LOOSE_TREES` makes arbitrary, mostly invalid trees: the twins
 must fail on them with the same error.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass, replace
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner.expand
@@ -31,14 +30,9 @@ TWINS = {"cython": _expand_c.expand_tree, "pure": _expand_py.expand_tree}
 FUSE_MODES = [pytest.param(dict(fuse=False), id="unfused"), pytest.param(dict(fuse=True, amp=True), id="fused")]
 
 
-@contextlib.contextmanager
-def expander(name: str):
-    with mock.patch.object(planner.expand, "_expander", lambda: TWINS[name]):
-        yield
-
-
 def arch_with(name: str, bp: BluePrint, **options) -> ArchPlan:
-    with expander(name):
+    """`ArchPlan.from_blueprint` with the named expander twin."""
+    with mock.patch.object(planner.expand, "_expander", lambda: TWINS[name]):
         return ArchPlan.from_blueprint(bp, **options)
 
 
