@@ -28,7 +28,8 @@ PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io",
 PLANNED_REGIONS = ("saved", "transient")
 REGIONS = PERSISTENT_REGIONS + PLANNED_REGIONS
 SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
-           ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"))
+           ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"),
+           ("iteration", "int32"))   # iteration: every train step, skipped ones too (dropout draws)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
 """The memory plan: every tensor of a CompiledPlan gets (region, offset, nbytes) in one arena.
 
 Algorithm. Persistent regions (params, weights16, grads, optim, bn_stats, io, scalars) are
-laid out once, tensors back to back in plan order, each 256-byte aligned; grads, optimizer
-state and fp16 weights mirror the parameter layout element for element, so one kernel can
-sweep a whole region. Saved activations (written in forward, read in backward) and transient
+laid out once, tensors back to back in plan order, each 256-byte aligned; the fp32 regions
+that mirror a parameter (params, grads, optimizer state) align each tensor to 512 bytes, so
+that the fp16 weight copies can sit at exactly half those offsets (still 256-aligned): grads,
+optimizer state and fp16 weights mirror the parameter layout element for element, and one
+kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast). Saved activations (written in forward, read in backward) and transient
 tensors (everything else that lives inside one step) get offsets from their lifetimes over
 the op schedule: lifetimes -> greedy-by-size best-fit allocator (planner.memory_alloc) ->
 offsets. The eval graph's transients overlay the train graph's in the same region.
@@ -20,6 +22,8 @@ from planner.compiler import TensorSpec
 from planner.memory_alloc import assign_offsets, live_lower_bound
 
 ALIGNMENT = 256
+MIRROR_ALIGNMENT = 2 * ALIGNMENT      # fp32 tensors with an fp16 mirror at half the offset
+MIRRORED_REGIONS = ("params", "grads", "optim")
 PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
 
 
@@ -27,8 +31,8 @@ assert [f.name for f in fields(TensorSpec)] == ["id", "name", "region", "dtype",
                                                "variant_shapes"], "plan_memory builds TensorSpecs positionally"
 
 
-def align(nbytes: int) -> int:
-    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
+    return -(-nbytes // alignment) * alignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +122,19 @@ def plan_memory(tensors, graphs):
         elif (t.graph, t.region) in by_graph:
             by_graph[t.graph, t.region].append(t)
     cursor = 0
+    mirror_of = {t.name: t for t in by_region["params"]}
     for region in PERSISTENT_REGIONS:
         start = cursor
-        for t in by_region[region]:
-            offsets[t.id] = cursor
-            cursor += align(t.nbytes)
+        if region == "weights16":   # fp16 copy of each parameter at half its offset in the params region
+            params_start, params_bytes = regions["params"]
+            for t in by_region[region]:
+                offsets[t.id] = start + (offsets[mirror_of[t.name[len("fp16."):]].id] - params_start) // 2
+            cursor += params_bytes // 2 if by_region[region] else 0
+        else:
+            alignment = MIRROR_ALIGNMENT if region in MIRRORED_REGIONS else ALIGNMENT
+            for t in by_region[region]:
+                offsets[t.id] = cursor
+                cursor += align(t.nbytes, alignment)
         regions[region] = (start, cursor - start)
     graph_memory = {}
     planned_size = {"saved": 0, "transient": 0}

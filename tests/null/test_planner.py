@@ -426,3 +426,24 @@ def test_verify_catches_overlapping_parameters(resnet_plan):
     first, second = (p.tensor for p in resnet_plan.params[:2])
     with pytest.raises(PlanError, match="overlap"):
         with_tensor(resnet_plan, second, offset=resnet_plan.tensor(first).offset).verify()
+
+
+@pytest.mark.parametrize("model", ["resnet20", "mobilenet_v2"])
+def test_fp16_weight_copies_mirror_the_parameter_region_element_for_element(model):
+    """One cast kernel sweeps params -> weights16, so every fp16 copy sits at half its master's offset."""
+    bp = getattr(zoo, model)()
+    hw = 32 if model == "resnet20" else 64
+    plan = Compiler(ArchPlan.from_blueprint(bp, fuse=True, amp=True)).compile({"train": (2, hw, hw, 3)})
+    params_start, params_bytes = plan.memory.regions["params"]
+    w16_start, w16_bytes = plan.memory.regions["weights16"]
+    by_name = {t.name: t for t in plan.tensors}
+    copies = [t for t in plan.tensors if t.region == "weights16"]
+    assert copies and w16_bytes == params_bytes // 2
+    for copy in copies:
+        master = by_name[copy.name[len("fp16."):]]
+        assert copy.offset - w16_start == (master.offset - params_start) // 2, copy.name
+        assert copy.offset % 256 == 0 and master.offset % 256 == 0
+    grads = {t.name[len("grad."):]: t for t in plan.tensors if t.region == "grads"}
+    grads_start = plan.memory.regions["grads"][0]
+    for name, grad in grads.items():
+        assert grad.offset - grads_start == by_name[name].offset - params_start, name
