@@ -1,12 +1,11 @@
-"""Planner speed (asv) and memory-plan quality.
+"""Planner speed (asv). The memory plan's quality is `benchmarks/planner_memory.py`.
 
 asv:    `cd benchmarks && asv run` (see asv.conf.json) times `expand_tree`, `ArchPlan.from_blueprint`
         and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
         resnet20, resnet50, resnet152 and mobilenet_v2, each with the Cython build and with the
         pure-Python twins.
-script: `python benchmarks/bench_planner.py` prints the same times with the Cython/pure speedup,
-        then the memory-quality table (transient lower bound, planned, ratio, no reuse) of every
-        zoo model's train graph.
+script: `python benchmarks/bench_planner.py` prints the same times (median and fastest of repeated
+        runs) with the Cython/pure speedup.
 
 The twins are selected by calling `planner._expand_py` / `planner._memory_py` directly, not
 through BLUEPRINT_PURE_PYTHON (read once at import time). Times are process CPU time: the
@@ -15,6 +14,7 @@ planner is single-threaded, and CPU time is not inflated by other load on a shar
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -114,53 +114,40 @@ class Compile:
 
 
 # ---- script mode ----------------------------------------------------------------------------------
-def best_ms(fn, budget_s: float = 1.0, least: int = 7) -> float:
-    """The fastest of repeated runs in CPU ms (the least disturbed by other load)."""
+def cpu_ms(fn, budget_s: float = 2.0, least: int = 21) -> tuple[float, float]:
+    """(median, fastest) of repeated runs in CPU ms. On a shared machine the median moves with other
+    load; the fastest run is the least disturbed one."""
     times, start = [], time.process_time()
     while len(times) < least or time.process_time() - start < budget_s:
         t0 = time.process_time()
         fn()
         times.append(time.process_time() - t0)
-    return min(times) * 1e3
+    return statistics.median(times) * 1e3, min(times) * 1e3
 
 
 def speed_table() -> str:
     head = (f"{'model':<14}{'expand_tree C':>14}{'pure':>9}{'x':>6}{'from_bp C':>11}{'pure':>9}{'x':>6}"
-            f"{'compile C':>11}{'pure':>9}{'x':>6}")
-    lines = ["CPU ms, best of repeated runs; compile = 3 variants (train, train_last, eval); x = pure / Cython", head]
+            f"{'compile C':>11}{'(fastest)':>10}{'pure':>9}{'x':>6}")
+    lines = ["CPU ms, median of repeated runs; compile = 3 variants (train, train_last, eval); x = pure / Cython",
+             head]
     for model in MODELS:
         bp, channels = zoo.MODELS[model].build(), zoo.MODELS[model].input_shape[2]
         row = {}
         for build in BUILDS:
             with using(build):
-                row["expand", build] = best_ms(lambda: EXPANDERS[build](bp.root, channels))
-                row["from_bp", build] = best_ms(lambda: ArchPlan.from_blueprint(bp))
+                row["expand", build] = cpu_ms(lambda: EXPANDERS[build](bp.root, channels))
+                row["from_bp", build] = cpu_ms(lambda: ArchPlan.from_blueprint(bp))
                 arch = ArchPlan.from_blueprint(bp)
                 Compiler(arch).compile(variants(model)).verify()
-                row["compile", build] = best_ms(lambda: Compiler(arch).compile(variants(model)))
-        cells = "".join(f"{row[what, 'cython']:>{w}.2f}{row[what, 'pure']:>9.2f}{row[what, 'pure'] / row[what, 'cython']:>6.1f}"
-                        for what, w in (("expand", 14), ("from_bp", 11), ("compile", 11)))
+                row["compile", build] = cpu_ms(lambda: Compiler(arch).compile(variants(model)))
+        cells = ""
+        for what, width in (("expand", 14), ("from_bp", 11), ("compile", 11)):
+            (c_median, c_fastest), (pure_median, _) = row[what, "cython"], row[what, "pure"]
+            fastest = f"{c_fastest:>10.2f}" if what == "compile" else ""
+            cells += f"{c_median:>{width}.2f}{fastest}{pure_median:>9.2f}{pure_median / c_median:>6.1f}"
         lines.append(f"{model:<14}{cells}")
-    return "\n".join(lines)
-
-
-def memory_table() -> str:
-    """Transient memory of every zoo model's train graph (train batch TRAIN_BATCH)."""
-    from planner.memory import human_bytes
-
-    lines = [f"transient memory of the train graph, batch {TRAIN_BATCH}, fp32, unfused",
-             f"{'model':<14}{'lower bound':>13}{'planned':>13}{'ratio':>8}{'no reuse':>13}"]
-    for model, entry in zoo.MODELS.items():
-        plan = Compiler(ArchPlan.from_blueprint(entry.build(), in_channels=entry.input_shape[2])).compile(
-            {"train": (TRAIN_BATCH, *entry.input_shape)})
-        train = plan.memory.graphs["train"]
-        bound, planned = train.transient_lower_bound_bytes, train.transient_planned_bytes
-        lines.append(f"{model:<14}{human_bytes(bound):>13}{human_bytes(planned):>13}{planned / bound:>8.3f}"
-                     f"{human_bytes(train.transient_no_reuse_bytes):>13}")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
     print(speed_table())
-    print()
-    print(memory_table())

@@ -13,12 +13,11 @@ import numpy as np
 
 from blueprint.optim import SGD, AdamW, CrossEntropyLoss
 from cpu_ref import kernels as K
+from planner.executor_api import InputError
 from planner.init import from_torch_layout, initial_parameters, to_torch_layout, torch_shape
 from planner.registry import ACTIVATION_CODE
 
 
-class InputError(ValueError):
-    """A batch the plan cannot run: wrong shape/dtype, labels out of range, NaN/Inf values."""
 
 
 class CpuExecutor:
@@ -52,7 +51,6 @@ class CpuExecutor:
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._regions = {name: self._region_view(name) for name in ("params", "grads", "optim")}
-        self._eval_scratch: dict[int, np.ndarray] = {}
         self._param_by_name = {p.name: p for p in plan.params}
         for tid, value in initial_parameters(plan, seed).items():
             self._persistent[tid][...] = value
@@ -303,13 +301,8 @@ def _fc_fwd(ex, layer, op, views):
 
 
 def _maxpool_fwd(ex, layer, op, views):
-    y = _v(op, views, "y", True)
-    argmax = _v(op, views, "argmax", True)
-    if argmax is None:  # eval graphs plan no index buffer; keep one scratch buffer per shape
-        argmax = ex._eval_scratch.setdefault(op.written("y"), np.zeros(y.shape, np.int32))
-        if argmax.shape != y.shape:
-            argmax = ex._eval_scratch[op.written("y")] = np.zeros(y.shape, np.int32)
-    K.maxpool_forward(_v(op, views, "x"), y, argmax, layer.param("kernel"), layer.param("stride"), layer.param("padding"))
+    K.maxpool_forward(_v(op, views, "x"), _v(op, views, "y", True), _v(op, views, "argmax", True),
+                      layer.param("kernel"), layer.param("stride"), layer.param("padding"))
 
 
 def _avgpool_fwd(ex, layer, op, views):

@@ -1,17 +1,10 @@
 """The CUDA path: numba.cuda fp16 kernels (AMP), the device arena, launch tapes and graph replay.
 
-The kernels, arena, tape and graph runner are here and tested (simulator + compile_ptx);
-the plan-driven `CudaExecutor` that wires them to a CompiledPlan is not written yet, so
-`DeepLearningTask.device("cuda")` raises a clear error instead of silently running on the CPU.
+`CudaExecutor` runs a CompiledPlan built with ``amp=True`` (fused or not) in one device
+arena, replaying each recorded step eagerly or as one CUDA graph. Without a GPU it refuses
+with a clear error, unless numba's CUDA simulator is on (``NUMBA_ENABLE_CUDASIM=1`` before
+numba is imported), where the same kernels run on the CPU for tiny shapes.
 """
+from cuda_kernels._executor import CudaExecutor, InputError, cuda_unavailable_reason
 
-
-class CudaExecutor:
-    """Placeholder that refuses to run: the plan-driven CUDA executor does not exist yet."""
-
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError("the CUDA executor is not available in this version of blueprint-nn (no plan-driven "
-                           "GPU executor yet, with or without a GPU); train with .device('cpu')")
-
-
-__all__ = ["CudaExecutor"]
+__all__ = ["CudaExecutor", "InputError", "cuda_unavailable_reason"]

@@ -6,7 +6,7 @@ epilogue (DESIGN.md §5):
    ``save_mean`` / ``save_invstd`` (used as accumulators, zeroed first);
 2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
    updates the running statistics (biased variance normalises, unbiased one is tracked);
-3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU), elementwise.
+3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
 Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``.
 The variance is ``E[x^2] - mean^2`` in fp32 (clamped at 0): fine for activations whose
 mean is not large against their spread.
@@ -20,7 +20,8 @@ from ._elementwise import fill_zero
 from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
-COLS, ROWS = 32, 8                       # reduction block: 32 channels x 8 row lanes
+# reduction block: 32 channels x 8 row lanes (the simulator, one Python thread each: 8 x 2)
+COLS, ROWS = (8, 2) if SIMULATOR else (32, 8)
 TARGET_BLOCKS = 4 if SIMULATOR else 528  # about 4 blocks per SM on an H200 (132 SMs)
 
 
@@ -58,8 +59,7 @@ def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
 
 @kernel("batchnorm_finalize", (F1, F1, F1, F1, I32, F32, F32))
 def _batchnorm_finalize(sum_to_mean, sumsq_to_invstd, running_mean, running_var, count, momentum, eps):
-    c = cuda.grid(1)
-    if c < sum_to_mean.size:
+    for c in range(cuda.grid(1), sum_to_mean.size, cuda.gridsize(1)):
         n = f32(count)
         mean = sum_to_mean[c] / n
         var = max(sumsq_to_invstd[c] / n - mean * mean, ZERO)
@@ -76,21 +76,33 @@ def _normalise(x, i, c, mean, spread, gamma, beta, spread_is_var, eps):
     return (f32(x[i]) - mean[c]) * invstd * gamma[c] + beta[c]
 
 
+# The activation fused into the apply: none, ReLU, or ReLU6 (MobileNetV2's blocks).
+CLAMP = {None: 0, "relu": 1, "relu6": 2}
+_SIX = np.float32(6.0)
+
+
+@cuda.jit(device=True)
+def _clamp(v, clamp):
+    if clamp == 0:
+        return v
+    v = max(v, ZERO)
+    return min(v, _SIX) if clamp == 2 else v
+
+
 _APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32)
 
 
 @kernel("batchnorm_apply", _APPLY)
-def _batchnorm_apply(x, mean, spread, gamma, beta, y, channels, relu, spread_is_var, eps):
+def _batchnorm_apply(x, mean, spread, gamma, beta, y, channels, clamp, spread_is_var, eps):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        v = _normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps)
-        y[i] = f16(max(v, ZERO) if relu else v)
+        y[i] = f16(_clamp(_normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps), clamp))
 
 
 @kernel("batchnorm_apply_residual", _APPLY[:5] + (H1,) + _APPLY[5:])
-def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channels, relu, spread_is_var, eps):
+def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps):
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         v = _normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps) + f32(residual[i])
-        y[i] = f16(max(v, ZERO) if relu else v)
+        y[i] = f16(_clamp(v, clamp))
 
 
 @kernel("batchnorm_backward_reduce", (H1, H1, F1, F1, F1, F1, I32, I32))
@@ -139,9 +151,12 @@ def batchnorm_stats(launcher, x2d, sums, sumsq):
     launcher.launch(_batchnorm_stats, grid, block, flat(x2d), sums, sumsq, np.int32(channels), rows_per_block)
 
 
-def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, relu, residual, spread_is_var, eps):
+def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, spread_is_var, eps):
+    if activation not in CLAMP:
+        raise ValueError(f"batchnorm: the fused activation must be one of {sorted(CLAMP, key=str)}, got {activation!r}")
     head = (flat(x2d), mean, spread, gamma, beta)
-    tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(relu), np.int32(spread_is_var), np.float32(eps))
+    tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(CLAMP[activation]), np.int32(spread_is_var),
+            np.float32(eps))
     if residual is None:
         launcher.launch(_batchnorm_apply, *grid_1d(x2d.size), *head, *tail)
     else:
@@ -149,20 +164,26 @@ def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, relu, residual, spread
 
 
 def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
-                            momentum, eps, relu=False, residual=None, sums_ready=False):
-    """Training BN (+ residual add) (+ ReLU). ``sums_ready``: a convolution epilogue already
+                            momentum, eps, activation=None, residual=None, sums_ready=False):
+    """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
     accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
         batchnorm_stats(launcher, x2d, save_mean, save_invstd)
     launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
                     np.int32(x2d.size // channels), np.float32(momentum), np.float32(eps))
-    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, relu, residual, False, eps)
+    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
 
 
-def batchnorm_forward_eval(launcher, x2d, gamma, beta, running_mean, running_var, eps, y2d, relu=False,
+def batchnorm_forward_eval(launcher, x2d, gamma, beta, running_mean, running_var, eps, y2d, activation=None,
                            residual=None):
-    _apply(launcher, x2d, running_mean, running_var, gamma, beta, y2d, relu, residual, True, eps)
+    _apply(launcher, x2d, running_mean, running_var, gamma, beta, y2d, activation, residual, True, eps)
+
+
+def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, eps, y2d, activation=None,
+                          residual=None):
+    """Training BN's output again from the saved batch statistics (the recomputation of a fused backward)."""
+    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
 
 
 def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):

@@ -18,7 +18,7 @@ from ._batchnorm import batchnorm_stats
 from ._elementwise import fill_zero
 from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
 from ._registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
-from ._tile import A_TILE, B_TILE, BK, BM, BN, TM, TN, tile_col, tile_row
+from ._tile import A_TILE, B_TILE, BK, BM, BN, THREADS_PER_BLOCK, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
 _SPLIT_TARGET_BLOCKS = 2 if SIMULATOR else 264   # two blocks per SM of an H200
@@ -117,9 +117,9 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, m0, n0 = cuda.blockIdx.z, cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
     tid = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
-    if tid < BN:
-        col_sum[tid] = ZERO
-        col_sumsq[tid] = ZERO
+    for c in range(tid, BN, THREADS_PER_BLOCK):
+        col_sum[c] = ZERO
+        col_sumsq[c] = ZERO
     cuda.syncthreads()
     forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
     for j in range(TN):
@@ -135,9 +135,9 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
         cuda.atomic.add(col_sum, tile_col(j), part)
         cuda.atomic.add(col_sumsq, tile_col(j), part_sq)
     cuda.syncthreads()
-    if tid < BN and n0 + tid < geo[1]:
-        cuda.atomic.add(sums, g * geo[1] + n0 + tid, col_sum[tid])
-        cuda.atomic.add(sumsq, g * geo[1] + n0 + tid, col_sumsq[tid])
+    for c in range(tid, min(BN, geo[1] - n0), THREADS_PER_BLOCK):
+        cuda.atomic.add(sums, g * geo[1] + n0 + c, col_sum[c])
+        cuda.atomic.add(sumsq, g * geo[1] + n0 + c, col_sumsq[c])
 
 
 @kernel("conv2d_backward_data", (H1, H1, H1, CONV_GEOMETRY))

@@ -13,7 +13,7 @@ import numpy as np
 from numba import cuda
 
 from ._elementwise import fill_zero
-from ._registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, ZERO, kernel, nbt
+from ._registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, ZERO, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 ROW_THREADS = 32 if SIMULATOR else 128   # a power of two
@@ -84,3 +84,24 @@ def softmax_cross_entropy(launcher, logits, labels, smoothing, loss, dlogits=Non
                     logits_1d if dlogits is None else dlogits.reshape(dlogits.size),
                     loss if grad_scale is None else grad_scale,
                     np.float32(smoothing), np.int32(classes), np.int32(dlogits is not None))
+
+
+@kernel("count_correct", (H1, I1, I1, I32))
+def _count_correct(logits, labels, correct, classes):
+    """``correct[0] += 1`` for each row whose first maximal logit is its label (numpy's argmax)."""
+    for row in range(cuda.grid(1), logits.size // classes, cuda.gridsize(1)):
+        base = row * classes
+        best, best_j = f32(logits[base]), 0
+        for j in range(1, classes):
+            v = f32(logits[base + j])
+            if v > best:
+                best, best_j = v, j
+        if best_j == labels[row]:
+            cuda.atomic.add(correct, 0, 1)
+
+
+def count_correct(launcher, logits, labels, correct):
+    """``correct[0]`` (int32, zeroed first) = the number of rows whose argmax is the label."""
+    rows, classes = logits.shape
+    fill_zero(launcher, correct)
+    launcher.launch(_count_correct, *grid_1d(rows), logits.reshape(logits.size), labels, correct, np.int32(classes))

@@ -47,8 +47,8 @@ def geometry(n):
 ZERO, ONE, HALF = np.float32(0.0), np.float32(1.0), np.float32(0.5)
 
 # Elementwise kernels use grid-stride loops, so block and grid sizes are free. The
-# simulator runs one Python thread per CUDA thread: small ones keep it fast.
-THREADS = 32 if SIMULATOR else 256
+# simulator starts one Python thread per CUDA thread at every launch: small ones keep it fast.
+THREADS = 8 if SIMULATOR else 256
 MAX_BLOCKS = 2 if SIMULATOR else 8192
 
 

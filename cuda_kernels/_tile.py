@@ -15,11 +15,12 @@ from numba import cuda
 from ._registry import SIMULATOR, nbt
 
 f32 = nbt.float32
-# The simulator runs one Python thread per CUDA thread and polls them at every
-# syncthreads: it gets a 4x smaller block (8x8 threads, same 4x4 accumulators per thread,
-# same code). The GPU configuration is compiled by the PTX tests and checked against
-# numpy at real shapes by benchmarks/gpu_check.py.
-TX, TY = (8, 8) if SIMULATOR else (16, 16)   # threads per block: (x, y)
+# The simulator runs one Python thread per CUDA thread (about 30 us per simulated array
+# access) and polls them at every syncthreads: it gets 2x2 threads, an 8x8 tile instead of
+# 64x64, so the tiny test shapes carry little padding (same code, same 4x4 accumulators per
+# thread). The GPU configuration is compiled by the PTX tests and checked against numpy at
+# real shapes by benchmarks/gpu_check.py.
+TX, TY = (2, 2) if SIMULATOR else (16, 16)   # threads per block: (x, y)
 TM, TN = 4, 4                                # accumulators per thread
 BM, BN, BK = TY * TM, TX * TN, 16            # block tile (rows, columns, reduction slice)
 THREADS_PER_BLOCK = TX * TY

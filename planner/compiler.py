@@ -3,7 +3,8 @@
     infer_shapes    concrete NHWC shapes of every value, per variant; parameter shapes
     build_graphs    the op schedules (train: forward, loss, backward, optimizer; eval: forward,
                     loss) over tensor ids, with each tensor's shape in each variant
-    size_slots      every tensor slot gets the largest size over the variants of its graph
+    size_slot       every tensor slot gets the largest size over the variants of its graph (applied
+                    by build_graphs to each tensor it makes)
     plan_memory     persistent regions laid out once; saved and transient tensors get offsets
                     from their lifetimes over the schedule (planner.memory)
     share_variants  variants of one graph share its schedule and offsets; equal shapes share
@@ -17,11 +18,12 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
-from planner.registry import REGISTRY, Extra, ParamRule, Shape, ShapeError
+from planner.registry import KINDS_WITH_EXTRAS, REGISTRY, Extra, ParamRule, Shape, ShapeError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "int64": 8, "uint8": 1}
 PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
@@ -159,16 +161,41 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
             ins = [shapes[v] for v in prim.inputs]
             shapes[prim.output] = rule.shape(prim, ins)
             params = rule.params(prim, ins)
-            if position in param_shapes and [s for _, s in param_shapes[position]] != [s for _, s in params]:
+            if position not in param_shapes:
+                param_shapes[position] = params
+                seen_in[position] = (variant, ins[0])
+            elif params != param_shapes[position]:
                 first_variant, first_in = seen_in[position]
                 raise ShapeError(f"{prim.path}: parameter shapes differ between variants: {first_variant!r} "
                                  f"(input {first_in}) gives {[s for _, s in param_shapes[position]]}, {variant!r} "
                                  f"(input {ins[0]}) gives {[s for _, s in params]}; variants must agree on every "
                                  f"shape that reaches a parameter (e.g. the features entering an fc)")
-            param_shapes[position] = params
-            seen_in.setdefault(position, (variant, ins[0]))
         value_shapes[variant] = shapes
     return value_shapes, param_shapes
+
+
+# ---- phase 2 ------------------------------------------------------------------------------------
+class Slot(NamedTuple):
+    """A tensor with its slot's shape and size, not yet placed: `plan_memory` turns it into a TensorSpec
+    (a named tuple: a compile makes thousands, and a frozen dataclass costs ~4x more to build)."""
+
+    id: int
+    name: str
+    region: str
+    dtype: str
+    shape: Shape              # the slot's shape (largest variant)
+    nbytes: int
+    graph: str
+    variant_shapes: tuple
+
+
+def size_slot(shapes: Shape | dict[str, Shape]) -> tuple[Shape, int, tuple]:
+    """(slot shape, elements, sorted (variant, shape) pairs): the slot takes the largest size over the
+    variants that use it. `shapes` is one shape (persistent tensors) or {variant: shape}."""
+    if not isinstance(shapes, dict):
+        return tuple(shapes), math.prod(shapes), ()
+    return (max(shapes.values(), key=math.prod), max(math.prod(s) for s in shapes.values()),
+            tuple(sorted(shapes.items())))
 
 
 # ---- phase 4 (the schedule) -----------------------------------------------------------------------
@@ -182,15 +209,17 @@ class _GraphBuilder:
         self.act_dtype = act_dtype
         self.training = training
         self.slots = slots
-        self.tensors: list[dict] = []
+        self.tensors: list[Slot] = []
+        self.slot_sizes: dict[tuple, tuple] = {}   # size_slot per distinct {variant: shape}; most tensors repeat one
         self.params: list[ParamSpec] = []
         self.prims = _primitive_list(arch)
         self.positions_of: dict[int, list[int]] = {}          # arch layer index -> its primitive positions
         for position, (owner, _) in enumerate(self.prims):
             self.positions_of.setdefault(owner, []).append(position)
         self.producer = {prim.output: prim for _, prim in self.prims}
-        self.extras_of: dict[tuple[int, str], tuple] = {}     # (position, graph) -> rule.extras per variant
+        self.extras_of: dict[str, dict[int, list]] = {}      # graph -> primitive position -> its extras (see below)
         self.param_tensors: dict[int, dict[str, int]] = {}   # primitive position -> suffix -> tensor
+        self.stats_tensors: dict[int, list[tuple[str, int]]] = {}  # primitive position -> (suffix, BN statistic)
         self.grad_tensors: dict[int, int] = {}               # param tensor -> grad tensor
         self.io: dict[str, int] = {}
         self.saved_extras: dict[int, list[tuple[str, int]]] = {}  # primitive position -> saved extras (train)
@@ -198,12 +227,19 @@ class _GraphBuilder:
         self.loss_value = arch.layers[-1].output
         self._persistent(param_shapes)
         self.trainable_positions = {position for position, tids in self.param_tensors.items()   # have trainable params
-                                    if any(self.tensors[t]["region"] == "params" for t in tids.values())}
+                                    if any(self.tensors[t].region == "params" for t in tids.values())}
 
     def new_tensor(self, name, region, dtype, shapes, graph=""):
-        """`shapes` is one shape (persistent) or {variant: shape}."""
+        """`shapes` is one shape (persistent) or {variant: shape}; the tensor is sized at once (phase 2)."""
+        if isinstance(shapes, dict):
+            key = tuple(shapes.items())
+            if key not in self.slot_sizes:
+                self.slot_sizes[key] = size_slot(shapes)
+            slot, elements, variant_shapes = self.slot_sizes[key]
+        else:
+            slot, elements, variant_shapes = size_slot(shapes)
         tid = len(self.tensors)
-        self.tensors.append(dict(id=tid, name=name, region=region, dtype=dtype, shapes=shapes, graph=graph))
+        self.tensors.append(Slot(tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], graph, variant_shapes))
         return tid
 
     def _persistent(self, param_shapes):
@@ -213,6 +249,8 @@ class _GraphBuilder:
                 dtype = "int64" if rule.suffix == "num_batches_tracked" else "float32"
                 tid = self.new_tensor(name, rule.region, dtype, shape)
                 self.param_tensors.setdefault(position, {})[rule.suffix] = tid
+                if rule.region == "bn_stats":
+                    self.stats_tensors.setdefault(position, []).append((rule.suffix, tid))
                 layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
                 if prim.kind == "conv" and rule.suffix == "weight":
                     fan_in, fan_out = math.prod(shape[1:]), shape[0] * shape[1] * shape[2]
@@ -262,6 +300,7 @@ class _GraphBuilder:
         value_tensor: dict[int, int] = {NETWORK_INPUT: self.io["input"], self.logits_value: self.io["logits"],
                                         self.loss_value: self.io["loss"]}
         saved_values = self._saved_values() if train else set()
+        self.extras_of[graph] = self._graph_extras(graph)
 
         def shapes_of(value):
             return {v: self.value_shapes[v][value] for v in variants}
@@ -328,43 +367,43 @@ class _GraphBuilder:
                 needs.add(prim.output)
         return needs
 
-    def _positions(self, index: int) -> list[int]:
-        return self.positions_of.get(index, [])
-
-    def _variant_extras(self, prim, position, graph) -> list:
-        """The extras of a primitive as [(extra, {variant: shape})] over the variants of a graph (computed once)."""
-        key = (position, graph)
-        if key not in self.extras_of:
-            rule = REGISTRY[prim.kind]
-            variants = self.variants_of[graph]
-            per_variant = [rule.extras(prim, [self.value_shapes[v][i] for i in prim.inputs], self.value_shapes[v][prim.output])
-                           for v in variants]
+    def _graph_extras(self, graph) -> dict[int, list]:
+        """Primitive position -> its extras as [(extra, {variant: shape})] over the variants of a graph; only
+        primitives that have extras are keys. A rule gives every variant the same extras in the same order."""
+        variants = self.variants_of[graph]
+        variant_shapes = [self.value_shapes[v] for v in variants]
+        extras_of = {}
+        for position, (_, prim) in enumerate(self.prims):
+            if prim.kind not in KINDS_WITH_EXTRAS:
+                continue
+            extras = REGISTRY[prim.kind].extras
+            per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
             if per_variant[0]:
-                by_role = [dict((e.role, s) for e, s in extras) for extras in per_variant]
-                self.extras_of[key] = [(extra, {v: roles[extra.role] for v, roles in zip(variants, by_role)})
-                                       for extra, _ in per_variant[0]]
-            else:
-                self.extras_of[key] = []
-        return self.extras_of[key]
+                extras_of[position] = [(extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
+                                       for k, (extra, _) in enumerate(per_variant[0])]
+        return extras_of
 
     def _extras(self, prim, position, graph, shapes_of, phase):
-        extras = self._variant_extras(prim, position, graph)
+        extras = self.extras_of[graph].get(position)
         if not extras:
             return []
         out = []
+        eval_workspaces = graph == "eval" and not REGISTRY[prim.kind].train_only_extras
         for extra, variant_shapes in extras:
-            if extra.saved and phase == "b":
+            saved, phases = extra.saved, extra.phases
+            if saved and graph == "eval":   # nothing reads it back; the forward kernel may still need room for it
+                if not eval_workspaces:
+                    continue
+                saved, phases = False, "f"
+            if saved and phase == "b":
                 continue
-            if graph == "eval" and extra.saved:
+            if not saved and phase not in phases:
                 continue
-            if not extra.saved and phase not in extra.phases:
-                continue
-            shapes = dict(variant_shapes)
             dtype = self.act_dtype if extra.dtype == "act" else extra.dtype
-            region = "saved" if extra.saved else "transient"
-            suffix = extra.role if extra.saved else f"{extra.role}_{phase}"
-            tid = self.new_tensor(f"{graph}.{prim.prefix or prim.path}:{suffix}", region, dtype, shapes, graph)
-            if extra.saved:
+            region = "saved" if saved else "transient"
+            suffix = extra.role if saved else f"{extra.role}_{phase}"
+            tid = self.new_tensor(f"{graph}.{prim.prefix or prim.path}:{suffix}", region, dtype, variant_shapes, graph)
+            if saved:
                 self.saved_extras.setdefault(position, []).append((extra.role, tid))
             out.append((extra.role, tid))
         return out
@@ -373,7 +412,8 @@ class _GraphBuilder:
         reads, writes, produced = [], [], set()
         fused = layer.kind in FUSED
         value_tensor = self.value_tensor
-        for position in self._positions(index):
+        graph_extras = self.extras_of[graph]
+        for position in self.positions_of[index]:
             prim = self.prims[position][1]
             tag = f"{position}:" if fused else ""
             names = ("a", "b") if prim.kind == "add" else ("x",)
@@ -382,13 +422,12 @@ class _GraphBuilder:
                     reads.append((tag + role, value_tensor[value]))
             params = self.param_tensors.get(position)
             if params:
-                for suffix, tid in params.items():
-                    reads.append((tag + suffix, tid))
-                    if train and self.tensors[tid]["region"] == "bn_stats":
-                        writes.append((tag + suffix, tid))
+                reads += [(tag + suffix, tid) for suffix, tid in params.items()]
+                if train and position in self.stats_tensors:   # training updates the running statistics
+                    writes += [(tag + suffix, tid) for suffix, tid in self.stats_tensors[position]]
             writes.append((tag + "y", value_tensor[prim.output]))
             produced.add(prim.output)
-            if self._variant_extras(prim, position, graph):
+            if position in graph_extras:
                 writes += [(tag + role, tid) for role, tid in self._extras(prim, position, graph, shapes_of, "f")]
         attrs = (("training", train),)
         return Op(op_index, layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes), attrs)
@@ -399,8 +438,8 @@ class _GraphBuilder:
         return grads[value]
 
     def _backward_op(self, op_index, index, layer, graph, grads, needs_grad, shapes_of) -> Op | None:
-        positions = self._positions(index)
-        has_params = any(p in self.trainable_positions for p in positions)
+        positions = self.positions_of[index]
+        has_params = not self.trainable_positions.isdisjoint(positions)
         external = [v for v in layer.inputs if v in needs_grad]
         if not has_params and not external:
             return None
@@ -421,7 +460,7 @@ class _GraphBuilder:
             if params and "weight" in params:
                 reads.append(("weight", params["weight"]))
             reads += self._saved_extra_tensors(position)
-            if self._variant_extras(prim, position, graph):
+            if position in self.extras_of[graph]:
                 writes += self._extras(prim, position, graph, shapes_of, "b")
         if fused:
             reads += self._fused_backward_reads(positions, saved_values)
@@ -434,13 +473,21 @@ class _GraphBuilder:
             for suffix, tid in params.items():
                 if tid in self.grad_tensors:
                     writes.append((tag + "d" + suffix, self.grad_tensors[tid]))
-        roles = ("da", "db") if layer.kind == "add" else tuple(f"dx{i}" if fused else "dx" for i in range(len(layer.inputs)))
+        if layer.kind == "add":
+            roles = ("da", "db")
+        else:
+            roles = tuple(f"dx{i}" for i in range(len(layer.inputs))) if fused else ("dx",) * len(layer.inputs)
+        created_here: set[int] = set()
         for role, value in zip(roles, layer.inputs):
             if value not in needs_grad:
                 continue
             accumulate = value in grads
             tid = self._grad(grads, value, graph, shapes_of)
-            if accumulate:
+            if not accumulate:
+                created_here.add(tid)
+            # add(x, x): the second role adds onto what the first role of this same op wrote, so it
+            # reads nothing that an earlier op wrote
+            if accumulate and tid not in created_here:
                 reads.append((role, tid))
             writes.append((role, tid))
             attrs.append(("accumulate_" + role, accumulate))
@@ -457,7 +504,7 @@ class _GraphBuilder:
                 if value in saved_values:
                     reads.append((f"saved{value}", self.value_tensor[value]))
             for suffix, tid in self.param_tensors.get(position, {}).items():
-                if self.tensors[tid]["region"] == "params":
+                if self.tensors[tid].region == "params":
                     reads.append((f"{position}:{suffix}", tid))
             reads += [(f"{position}:{role}", tid) for role, tid in self._saved_extra_tensors(position)]
         return list(dict.fromkeys(reads))
@@ -480,34 +527,13 @@ class _GraphBuilder:
         return writes
 
     def _optimizer_op(self, op_index) -> Op:
-        state = [("state", t["id"]) for t in self.tensors if t["region"] == "optim"]
+        state = [("state", t.id) for t in self.tensors if t.region == "optim"]
         reads = [("grad", g) for g in self.grad_tensors.values()] + [("param", p) for p in self.grad_tensors]
         reads += state
         reads += [("lr", self.io["lr"]), ("step", self.io["step"])]
         writes = [("param", p) for p in self.grad_tensors] + state
         writes.append(("step", self.io["step"]))
         return Op(op_index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
-
-
-# ---- phase 2 ------------------------------------------------------------------------------------
-def size_slots(raw_tensors: list[dict]) -> list[TensorSpec]:
-    """Each slot takes the largest size over the variants that use it."""
-    specs = []
-    sized: dict[tuple, tuple] = {}   # (variant, shape) items -> (variant_shapes, slot, elements); most tensors repeat one
-    for t in raw_tensors:
-        itemsize = DTYPE_BYTES[t["dtype"]]
-        shapes = t["shapes"]
-        if isinstance(shapes, dict):
-            key = tuple(shapes.items())
-            if key not in sized:
-                sized[key] = (tuple(sorted(key)), max(shapes.values(), key=math.prod),
-                              max(math.prod(s) for s in shapes.values()))
-            variant_shapes, slot, elements = sized[key]
-            nbytes = elements * itemsize
-        else:
-            variant_shapes, slot, nbytes = (), tuple(shapes), math.prod(shapes) * itemsize
-        specs.append(TensorSpec(t["id"], t["name"], t["region"], t["dtype"], slot, nbytes, -1, t["graph"], variant_shapes))
-    return specs
 
 
 class Compiler:
@@ -544,9 +570,8 @@ class Compiler:
         act_dtype = "float16" if arch.amp else "float32"
         builder = _GraphBuilder(arch, value_shapes, param_shapes, variants_of, act_dtype, training,
                                 optimizer_state_slots if training else 0)
-        graphs = {graph: builder.build(graph) for graph in sorted(variants_of, reverse=True)}   # 4
-        tensors = size_slots(builder.tensors)                                            # 2
-        tensors, memory = plan_memory(tensors, graphs)                                   # 3
+        graphs = {graph: builder.build(graph) for graph in sorted(variants_of, reverse=True)}   # 4 (and 2)
+        tensors, memory = plan_memory(builder.tensors, graphs)                           # 3
         variant_plans = share_variants(variants, variants_of, tensors)                   # 5
         macs = {}
         for position, (_, prim) in enumerate(builder.prims):

@@ -94,6 +94,10 @@ def resolve_batchnorm_rank(layers: list[ArchLayer]) -> list[ArchLayer]:
 def append_loss_head(layers: list[ArchLayer]) -> list[ArchLayer]:
     if any(l.kind == "softmax_ce" for l in layers):
         raise ExpandError("the plan already has a loss head; append_loss_head runs once")
+    if not layers:
+        raise ExpandError("the network must end with (N, classes) logits, but it has no layers once its identity "
+                          "layers are dropped (it only passes its input through); add layers that compute logits, "
+                          "e.g. seq(conv(16, 3, 1, 1), gap(), fc(classes))")
     last = layers[-1]
     if last.rank != 2:
         raise ExpandError(f"{last.path}: the network must end with (N, classes) logits, but its last layer "

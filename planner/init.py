@@ -32,28 +32,36 @@ def initial_parameters(plan, seed: int) -> dict[int, np.ndarray]:
     return values
 
 
-def to_torch_layout(spec, value: np.ndarray) -> np.ndarray:
-    """Internal layout -> PyTorch's (conv OHWI -> OIHW; fc features HWC -> CHW)."""
+# (O, H, W, C) <-> (O, C, H, W): a conv weight (OHWI / OIHW), or an fc weight whose features come from
+# flattening an (H, W, C) map, read as (out, H, W, C) internally and as (out, C, H, W) by PyTorch
+CHANNELS_FIRST = (0, 3, 1, 2)
+CHANNELS_LAST = (0, 2, 3, 1)
+
+
+def _move_channels(spec, value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """A C-ordered copy of `value` with its channel axis moved as `axes` says (always a copy: for a 1x1
+    kernel the moved view is already contiguous, and a view would alias an executor's arena)."""
+    value = np.asarray(value)
     if spec.torch_layout == "ohwi":
-        return np.ascontiguousarray(value.transpose(0, 3, 1, 2))
+        return np.array(value.transpose(axes), order="C")
     if spec.torch_layout == "fc_hwc" and len(spec.flatten_from) == 3:
         h, w, c = spec.flatten_from
-        return np.ascontiguousarray(value.reshape(-1, h, w, c).transpose(0, 3, 1, 2).reshape(value.shape[0], -1))
+        blocks = value.reshape(-1, h, w, c) if axes == CHANNELS_FIRST else value.reshape(-1, c, h, w)
+        return np.array(blocks.transpose(axes), order="C").reshape(value.shape[0], -1)
     return value.copy()
+
+
+def to_torch_layout(spec, value: np.ndarray) -> np.ndarray:
+    """Internal layout -> PyTorch's (conv OHWI -> OIHW; fc features HWC -> CHW)."""
+    return _move_channels(spec, value, CHANNELS_FIRST)
 
 
 def from_torch_layout(spec, value: np.ndarray) -> np.ndarray:
     """PyTorch's layout -> internal (the inverse of `to_torch_layout`)."""
-    if spec.torch_layout == "ohwi":
-        return np.ascontiguousarray(value.transpose(0, 2, 3, 1))
-    if spec.torch_layout == "fc_hwc" and len(spec.flatten_from) == 3:
-        h, w, c = spec.flatten_from
-        return np.ascontiguousarray(value.reshape(-1, c, h, w).transpose(0, 2, 3, 1).reshape(value.shape[0], -1))
-    return np.array(value)
+    return _move_channels(spec, value, CHANNELS_LAST)
 
 
 def torch_shape(spec) -> tuple[int, ...]:
     if spec.torch_layout == "ohwi":
-        o, kh, kw, i = spec.shape
-        return (o, i, kh, kw)
+        return tuple(spec.shape[axis] for axis in CHANNELS_FIRST)
     return tuple(spec.shape)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.compiler import TensorSpec
+from planner.compiler import Slot, TensorSpec
 from planner.memory_alloc import assign_offsets, live_lower_bound
 
 ALIGNMENT = 256
@@ -111,7 +111,8 @@ def lifetimes(graph) -> dict[int, tuple[int, int]]:
     return {tid: (index, last[tid]) for tid, index in first.items()}
 
 
-def plan_memory(tensors, graphs):
+def plan_memory(tensors: list[Slot], graphs) -> tuple[list[TensorSpec], MemoryPlan]:
+    """Offsets for every sized slot (see the module docstring); returns the placed TensorSpecs and the report."""
     offsets: dict[int, int] = {}
     regions: dict[str, tuple[int, int]] = {}
     by_region: dict[str, list] = {region: [] for region in PERSISTENT_REGIONS}
@@ -169,7 +170,7 @@ def plan_memory(tensors, graphs):
         base = regions[region][0]
         for t, off in zip(members, placed):
             offsets[t.id] = base + off
-    # positional, not dataclasses.replace: this runs for every tensor and replace() is ~5x slower
+    # the one TensorSpec per tensor of a compile (a frozen dataclass is slow to build; see Slot)
     placed_tensors = [TensorSpec(t.id, t.name, t.region, t.dtype, t.shape, t.nbytes, offsets[t.id], t.graph,
                                  t.variant_shapes) for t in tensors]
     return placed_tensors, MemoryPlan(regions, cursor, graph_memory)

@@ -45,7 +45,7 @@ class KindRule:
     macs: Callable[[ArchLayer, list[Shape], Shape], int]
     saves: tuple[str, ...]                                            # "input" and/or "output"
     extras: Callable[[ArchLayer, list[Shape], Shape], list[tuple[Extra, Shape]]]
-    train_only_extras: bool = True  # eval graphs need only workspaces
+    train_only_extras: bool = True  # False: eval graphs plan the saved extras too, as forward workspaces
 
 
 REGISTRY: dict[str, KindRule] = {}
@@ -89,10 +89,14 @@ def _conv_shape(layer, shapes):
     return (shapes[0][0], oh, ow, layer.param("out_channels"))
 
 
+CONV_WEIGHT = ParamRule("weight", "params", "kaiming_normal_fan_out", "ohwi")
+COL = Extra("col", "act", saved=False)
+
+
 def _conv_params(layer, shapes):
     k, g = layer.param("kernel"), layer.param("groups")
     shape = (layer.param("out_channels"), k, k, shapes[0][-1] // g)
-    return [(ParamRule("weight", "params", "kaiming_normal_fan_out", "ohwi"), shape)]
+    return [(CONV_WEIGHT, shape)]
 
 
 def _conv_macs(layer, shapes, out):
@@ -101,8 +105,9 @@ def _conv_macs(layer, shapes, out):
 
 
 def conv_needs_col(layer: ArchLayer, in_channels: int) -> bool:
-    k, s, p, g = (layer.param(n) for n in ("kernel", "stride", "padding", "groups"))
-    depthwise = g == in_channels == layer.param("out_channels") and g > 1
+    param = dict(layer.params)
+    k, s, p, g = param["kernel"], param["stride"], param["padding"], param["groups"]
+    depthwise = g == in_channels == param["out_channels"] and g > 1
     return not depthwise and not (k == 1 and s == 1 and p == 0 and g == 1)
 
 
@@ -111,23 +116,27 @@ def _conv_extras(layer, shapes, out):
         return []
     k, g = layer.param("kernel"), layer.param("groups")
     col = (out[0] * out[1] * out[2], k * k * (shapes[0][-1] // g))
-    return [(Extra("col", "act", saved=False), col)]
+    return [(COL, col)]
 
 
-register(KindRule("conv", _conv_shape, _conv_params, _conv_macs, ("input",), _conv_extras, train_only_extras=False))
+register(KindRule("conv", _conv_shape, _conv_params, _conv_macs, ("input",), _conv_extras))
 
 
 # ---- batch norm (2-D and 1-D share the kernels) ----------------------------------------------
+BN_PARAMS = (ParamRule("weight", "params", "ones"), ParamRule("bias", "params", "zeros"),
+             ParamRule("running_mean", "bn_stats", "zeros"), ParamRule("running_var", "bn_stats", "ones"))
+BN_TRACKED = ParamRule("num_batches_tracked", "bn_stats", "zeros")
+BN_SAVED = (Extra("save_mean", "float32", saved=True), Extra("save_invstd", "float32", saved=True))
+
+
 def _bn_params(layer, shapes):
     c = (shapes[0][-1],)
-    return [(ParamRule("weight", "params", "ones"), c), (ParamRule("bias", "params", "zeros"), c),
-            (ParamRule("running_mean", "bn_stats", "zeros"), c), (ParamRule("running_var", "bn_stats", "ones"), c),
-            (ParamRule("num_batches_tracked", "bn_stats", "zeros"), ())]
+    return [(rule, c) for rule in BN_PARAMS] + [(BN_TRACKED, ())]
 
 
 def _bn_extras(layer, shapes, out):
     c = (shapes[0][-1],)
-    return [(Extra("save_mean", "float32", saved=True), c), (Extra("save_invstd", "float32", saved=True), c)]
+    return [(extra, c) for extra in BN_SAVED]
 
 
 for _kind in ("bn2d", "bn1d"):
@@ -140,8 +149,8 @@ for _kind in ACTIVATION_KINDS:
     register(KindRule(_kind, _same, _none, _zero, ("output",) if _kind in ACTIVATION_SAVES_OUTPUT else ("input",), _none))
 
 # ---- regularisation, reshapes, sums ------------------------------------------------------------
-register(KindRule("dropout", _same, _none, _zero, (),
-                  lambda layer, shapes, out: [(Extra("mask", "uint8", saved=True), out)]))
+DROPOUT_MASK = Extra("mask", "uint8", saved=True)
+register(KindRule("dropout", _same, _none, _zero, (), lambda layer, shapes, out: [(DROPOUT_MASK, out)]))
 register(KindRule("flatten", lambda layer, shapes: (shapes[0][0], math.prod(shapes[0][1:])), _none, _zero, (), _none))
 
 
@@ -169,11 +178,15 @@ def _fc_shape(layer, shapes):
     return (shapes[0][0], layer.param("out_features"))
 
 
+FC_WEIGHT = ParamRule("weight", "params", "linear_uniform", "fc")
+FC_BIAS = ParamRule("bias", "params", "linear_uniform")
+
+
 def _fc_params(layer, shapes):
     out, features = layer.param("out_features"), shapes[0][1]
-    rules = [(ParamRule("weight", "params", "linear_uniform", "fc"), (out, features))]
+    rules = [(FC_WEIGHT, (out, features))]
     if layer.param("bias"):
-        rules.append((ParamRule("bias", "params", "linear_uniform"), (out,)))
+        rules.append((FC_BIAS, (out,)))
     return rules
 
 
@@ -187,8 +200,10 @@ def _pool_shape(what):
     return shape
 
 
-register(KindRule("maxpool", _pool_shape("maxpool"), _none, _zero, (),
-                  lambda layer, shapes, out: [(Extra("argmax", "int32", saved=True), out)]))
+# the forward kernel writes the argmax in eval graphs too (one kernel for both), so eval plans it as a workspace
+ARGMAX = Extra("argmax", "int32", saved=True)
+register(KindRule("maxpool", _pool_shape("maxpool"), _none, _zero, (), lambda layer, shapes, out: [(ARGMAX, out)],
+                  train_only_extras=False))
 register(KindRule("avgpool", _pool_shape("avgpool"), _none, _zero, (), _none))
 register(KindRule("gap", lambda layer, shapes: (shapes[0][0], shapes[0][3]), _none, _zero, (), _none))
 
@@ -200,3 +215,6 @@ def _loss_shape(layer, shapes):
 
 
 register(KindRule("softmax_ce", _loss_shape, _none, _zero, (), _none))
+
+# kinds whose rule can ask for extra tensors (the others never do, so the compiler skips asking them)
+KINDS_WITH_EXTRAS = frozenset(kind for kind, rule in REGISTRY.items() if rule.extras is not _none)

@@ -254,7 +254,10 @@ class DeepLearningTask:
 
     def _executor(self, plan):
         if self.device_name == "cuda":
-            from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
+            try:
+                from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
+            except ImportError as error:
+                raise ConfigError(f"device('cuda') needs numba-cuda: pip install 'blueprint-nn[cuda]' ({error})") from error
             return CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
         from cpu_ref import CpuExecutor
         return CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)

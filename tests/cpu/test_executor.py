@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from blueprint import BluePrint, bn, conv, dropout, fc, gap, maxpool, relu, seq, zoo
+from blueprint import BluePrint, add2, bn, conv, dropout, fc, gap, identity, maxpool, relu, seq, zoo
 from blueprint.optim import SGD, AdamW, CrossEntropyLoss
 from cpu_ref import CpuExecutor, InputError
 from planner import ArchPlan
@@ -135,3 +135,30 @@ def test_cpu_executor_refuses_fused_plans():
     plan = Compiler(arch).compile({"train": (2, 8, 8, 1)})
     with pytest.raises(ValueError, match="fp32 unfused"):
         CpuExecutor(plan)
+
+
+@pytest.mark.parametrize("root, copies", [(seq(fc(4), add2(identity(), identity()), fc(3)), 2),
+                                          (seq(fc(4), add2(identity(), add2(identity(), identity())), fc(3)), 3)],
+                         ids=["x+x", "x+(x+x)"])
+def test_add2_of_one_value_twice_sums_both_gradients(root, copies):
+    """logits = fc2(copies * fc1(u)): every parameter gradient matches the analytic one in float64, which
+    fails if the backward of add(x, x) gives x only one copy of dy (or reads a gradient nobody wrote)."""
+    batch = 5
+    plan = _compile(BluePrint(root), (1, 1, 3), batch)
+    ex = CpuExecutor(plan, seed=0)
+    (x, y), = _batches((1, 1, 3), batch, 3, 1)
+    ex.train_step(x, y, 0.0)
+    state = {name: value.astype(np.float64) for name, value in ex.state_dict().items()}
+    u = x.reshape(batch, 3).astype(np.float64)
+    hidden = u @ state["0.weight"].T + state["0.bias"]
+    logits = copies * hidden @ state["2.weight"].T + state["2.bias"]
+    dlogits = np.exp(logits - logits.max(1, keepdims=True))
+    dlogits /= dlogits.sum(1, keepdims=True)
+    dlogits[np.arange(batch), y] -= 1
+    dlogits /= batch                                   # mean over the batch
+    dhidden = copies * dlogits @ state["2.weight"]
+    expected = {"0.weight": dhidden.T @ u, "0.bias": dhidden.sum(0),
+                "2.weight": dlogits.T @ (copies * hidden), "2.bias": dlogits.sum(0)}
+    grads = ex.gradients()
+    for name, value in expected.items():
+        assert np.allclose(grads[name], value, rtol=1e-4, atol=1e-6), name

@@ -151,7 +151,7 @@ def case_fill_zero(rng):
 
 # ---------------------------------------------------------------------------- batchnorm
 
-def case_batchnorm_train(rng, relu, with_residual):
+def case_batchnorm_train(rng, activation, with_residual):
     m, c, momentum, eps = 24, 5, 0.1, 1e-5
     x = half(rng, (m, c), 2.0) + np.float16(0.5)
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
@@ -161,11 +161,12 @@ def case_batchnorm_train(rng, relu, with_residual):
     d_rm, d_rv = dev(rm), dev(rv)
     run(lambda t: _batchnorm.batchnorm_forward_train(
         t, dev(x), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv, momentum, eps,
-        relu=relu, residual=dev(res) if with_residual else None))
+        activation=activation, residual=dev(res) if with_residual else None))
     y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
         f64(x), f64(gamma), f64(beta), f64(rm), f64(rv), momentum, eps)
     y_ref = y_ref + (f64(res) if with_residual else 0)
-    check("y", y, np.maximum(y_ref, 0) if relu else y_ref, "fp16")
+    clamped = {None: y_ref, "relu": np.maximum(y_ref, 0), "relu6": np.clip(y_ref, 0, 6)}[activation]
+    check("y", y, clamped, "fp16")
     for label, got, expected in [("mean", mean, mean_ref), ("invstd", invstd, invstd_ref),
                                  ("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
         check(label, got, expected, "stats")
@@ -178,7 +179,7 @@ def case_batchnorm_eval(rng):
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
     y = garbage((m, c), np.float16)
     run(lambda t: _batchnorm.batchnorm_forward_eval(t, dev(x), dev(gamma), dev(beta), dev(rm), dev(rv), eps, y,
-                                                    relu=True))
+                                                    activation="relu"))
     check("y", y, np.maximum(ref.batchnorm_forward_eval(f64(x), f64(gamma), f64(beta), f64(rm), f64(rv), eps), 0),
           "fp16")
 
@@ -290,7 +291,7 @@ def case_conv_bn_relu_fused(rng):
         _conv.conv2d_forward(t, dev(x), dev(w), conv_out, 1, 1, 1, bn_sums=(mean, invstd))
         _batchnorm.batchnorm_forward_train(t, conv_out.reshape(n * h * w_, cout), dev(gamma), dev(beta),
                                            y.reshape(n * h * w_, cout), mean, invstd, d_rm, d_rv, 0.1, 1e-5,
-                                           relu=True, sums_ready=True)
+                                           activation="relu", sums_ready=True)
     run(record)
     stored = f64(conv_out.copy_to_host()).reshape(-1, cout)
     y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
@@ -331,6 +332,17 @@ def case_softmax_cross_entropy(rng, classes, train):
     check("loss", loss, [loss_ref], "fp32")
     if train:
         check("dlogits", dlogits, dlogits_ref, "fp16")
+
+
+def case_count_correct(rng):
+    logits = half(rng, (9, 6), 3.0)
+    logits[4, [1, 3]] = logits[4].max() + np.float16(1)      # a tie: the first maximum counts, as in numpy
+    labels = rng.integers(0, 6, 9).astype(np.int32)
+    labels[:3] = np.argmax(logits[:3], axis=1)                 # some rows right for sure
+    labels[4] = 3                                              # the second of the tied maxima: wrong
+    correct = garbage(1, np.int32)
+    run(lambda t: _loss.count_correct(t, dev(logits), dev(labels), correct))
+    check("correct", correct, [int((np.argmax(logits, axis=1) == labels).sum())], "exact")
 
 
 def _scalars(loss_scale=4.0, step=0, lr=0.05):
@@ -407,8 +419,9 @@ CASES = [
     *[pytest.param(case_dropout, dict(p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
-    pytest.param(case_batchnorm_train, dict(relu=False, with_residual=False), id="bn-train"),
-    pytest.param(case_batchnorm_train, dict(relu=True, with_residual=True), id="bn-train-residual-relu"),
+    pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),
+    pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True), id="bn-train-residual-relu"),
+    pytest.param(case_batchnorm_train, dict(activation="relu6", with_residual=False), id="bn-train-relu6"),
     pytest.param(case_batchnorm_eval, {}, id="bn-eval-relu"),
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
@@ -428,6 +441,7 @@ CASES = [
     pytest.param(case_linear, dict(with_bias=False, accumulate=True), id="linear-no-bias-accumulate"),
     pytest.param(case_softmax_cross_entropy, dict(classes=10, train=True), id="softmax-ce-train"),
     pytest.param(case_softmax_cross_entropy, dict(classes=45, train=False), id="softmax-ce-eval-45"),
+    pytest.param(case_count_correct, {}, id="count-correct"),
     pytest.param(case_sgd, dict(nesterov=False), id="sgd-momentum"),
     pytest.param(case_sgd, dict(nesterov=True), id="sgd-nesterov"),
     pytest.param(case_adam, dict(decoupled=False), id="adam"),

@@ -94,7 +94,7 @@ def record_step(launcher, v):
                          bn_sums=(v["save_mean"], v["save_invstd"]))
     _batchnorm.batchnorm_forward_train(launcher, flat("conv_out"), v["bn_gamma"], v["bn_beta"], flat("bn_out"),
                                        v["save_mean"], v["save_invstd"], v["running_mean"], v["running_var"],
-                                       0.1, 1e-5, relu=True, sums_ready=True)
+                                       0.1, 1e-5, activation="relu", sums_ready=True)
     _elementwise.dropout_forward(launcher, v["bn_out"], v["drop_out"], v["mask"], P, SEED, v["iteration"])
     _pool.gap_forward(launcher, v["drop_out"], v["pooled"])
     _linear.linear_forward(launcher, v["pooled"], v["fc_w16"], v["fc_b"], v["logits"])

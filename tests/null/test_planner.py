@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 import planner.expand
 from blueprint import (
-    BlockStyle, BluePrint, Kind, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc,
+    BlockStyle, BluePrint, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc,
     flatten, gap, gap_fc, gelu, group_conv, hardswish, identity, leaky_relu, maxpool, mbconv, named, relu, relu6,
     repeat, seq, sigmoid, silu, tanh, zoo,
 )
 from planner import ArchPlan, ExpandError, _expand_c, _expand_py
-from planner.compiler import Compiler
+from planner.compiler import Compiler, size_slot
 from planner.verify import PlanError
 
 TWINS = {"cython": _expand_c.expand_tree, "pure": _expand_py.expand_tree}
@@ -147,7 +147,7 @@ class Draw:
             return seq(*children), x
         if kind == "add2":
             main, y = self.body4(x, depth - 1, preserve, exact)
-            return add2(unaliased(self.shortcut(x, y, main, depth), main, bn()), main), y
+            return add2(self.shortcut(x, y, main, depth), main), y
         if kind == "repeat":
             body, y = self.body4(x, depth - 1, preserve=True, exact=exact)
             return repeat(body, self.draw(st.integers(1, 3))), y
@@ -191,22 +191,9 @@ class Draw:
             return fc(out), Value(2, out)
         if kind == "add2":
             main, y = self.body2(x, depth - 1)
-            return add2(unaliased(identity() if x == y else fc(y.channels), main, bn()), main), y
+            return add2(identity() if x == y else fc(y.channels), main), y
         body, y = self.body2(x, depth - 1)
         return named(self.name(), body), y
-
-
-def alias(layer: Layer) -> bool:
-    """The layer only renames its input (identity, or a flatten of what is already 2-D)."""
-    if layer.kind in (Kind.SEQ, Kind.NAMED, Kind.REPEAT):
-        return all(alias(child) for child in layer.children)
-    return layer.kind in (Kind.IDENTITY, Kind.FLATTEN)
-
-
-def unaliased(shortcut: Layer, main: Layer, instead: Layer) -> Layer:
-    """Both branches of an add2 being aliases of one value is a known planner bug (see
-    test_add2_of_one_value_twice_verifies); the random networks steer around it."""
-    return instead if alias(shortcut) and alias(main) else shortcut
 
 
 @st.composite
@@ -347,21 +334,44 @@ def test_random_aligned_networks_compile_fused_and_verify(network):
     assert primitives == [replace(l, first=False) for l in unfused.layers]
 
 
-@pytest.mark.xfail(strict=True, raises=PlanError, reason="planner bug: add(x, x) gets a backward op that reads its own gradient "
-                                      "(role db) before any op wrote it; the compiler should accumulate da and db "
-                                      "into one write")
 @pytest.mark.parametrize("root", [seq(conv(4, 3, 1, 1), add2(identity(), identity()), gap(), fc(3)),
                                   seq(fc(4), add2(identity(), flatten()))], ids=["nhwc", "features"])
 def test_add2_of_one_value_twice_verifies(root):
+    """add(x, x): one backward op writes dx = dy through role da, then adds dy again through role db,
+    reading no gradient that an earlier op did not write."""
     plan = Compiler(ArchPlan.from_blueprint(BluePrint(root))).compile({"train": (2, 4, 4, 3)})
     plan.verify()
+    add = next(op for op in plan.graphs["train"].ops if op.kind == "add" and op.direction == "backward")
+    assert add.written("da") == add.written("db") is not None
+    assert (add.attr("accumulate_da"), add.attr("accumulate_db")) == (False, True)
+    assert [role for role, _ in add.reads] == ["dy"]
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason="planner bug: a network that is only identities expands to "
-                                                         "no layers and append_loss_head indexes an empty list")
-def test_a_network_of_only_identities_raises_a_clear_error():
-    with pytest.raises(ExpandError, match="logits"):
-        ArchPlan.from_blueprint(BluePrint(repeat(identity(), 2)))
+def test_add2_of_one_value_twice_accumulates_onto_an_earlier_gradient():
+    """y = x + x inside z = x + y: the outer add's backward writes x's gradient first, so both roles of
+    the inner add accumulate onto it and read it."""
+    root = seq(fc(4), add2(identity(), add2(identity(), identity())), fc(3))
+    plan = Compiler(ArchPlan.from_blueprint(BluePrint(root))).compile({"train": (2, 1, 1, 3)})
+    plan.verify()
+    outer, inner = [op for op in plan.graphs["train"].ops if op.kind == "add" and op.direction == "backward"]
+    gradient = outer.written("da")
+    assert inner.written("da") == inner.written("db") == gradient
+    assert (inner.attr("accumulate_da"), inner.attr("accumulate_db")) == (True, True)
+    assert inner.read("da") == inner.read("db") == gradient
+
+
+@pytest.mark.parametrize("root", [repeat(identity(), 2), seq(identity(), named("a", identity()))])
+def test_a_network_of_only_identities_raises_a_clear_error(root):
+    with pytest.raises(ExpandError, match=r"must end with \(N, classes\) logits, but it has no layers") as caught:
+        ArchPlan.from_blueprint(BluePrint(root))
+    assert "fc(classes)" in str(caught.value)
+
+
+def test_a_slot_takes_the_largest_variant():
+    """Phase 2 alone: the slot's shape and element count are the largest variant's, whatever the order."""
+    shapes = {"train_last": (3, 4, 4, 8), "train": (5, 4, 4, 8), "train_small": (5, 2, 2, 8)}
+    assert size_slot(shapes) == ((5, 4, 4, 8), 640, tuple(sorted(shapes.items())))
+    assert size_slot([16, 3, 3, 8]) == ((16, 3, 3, 8), 1152, ())
 
 
 # ---- verify() catches corrupt plans -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Golden plans: the ArchPlan text and the compiled schedule of four small networks, checked in
+"""Golden plans: the ArchPlan text and the compiled schedule of five small networks, checked in
 under tests/null/golden/.
 
 Each golden file was produced once by `summary()` and then read line by line by hand before it
@@ -8,8 +8,10 @@ NHWC values and bn1d after (N, F) ones, the implicit flatten before an fc on an 
 the fc weight's `fc_hwc` layout with the flattened (H, W, C)), the single softmax-CE loss head,
 the AMP input padding to 4 channels, the fused merges (conv + bn + relu -> cbr, blocks ->
 basic_block / inv_residual with shortcut identity/projection/none, gap + fc -> gap_fc), which
-values are saved for backward versus transient, and the backward order (reverse of forward,
-no input gradient for the first layer, gradient accumulation where a value has two uses).
+values are saved for backward versus transient (in eval graphs a maxpool's argmax is a one-op
+forward workspace `argmax_f`: the forward kernel writes it there too, nothing reads it), and the
+backward order (reverse of forward, no input gradient for the first layer, gradient accumulation
+where a value has two uses).
 One oddity was left as found and reported: a fused InvResidual without a shortcut takes the
 name of its last BN (`2.conv.3` in tiny_mobilenet_fused), one with a shortcut the block's (`1`).
 

@@ -1,0 +1,281 @@
+"""`CudaExecutor`: runs a CompiledPlan (AMP, fused or not) with numba.cuda kernels in one device arena.
+
+One ``DeviceArena`` sized by the MemoryPlan holds everything; every tensor is a view made
+once per variant. Each (variant, purpose) step is recorded once as a launch tape
+(``cuda_kernels._ops``) whose arguments are arena views only, then replayed: eagerly, or
+captured as one CUDA graph and replayed with one graph launch per step (``_graph.StepRunner``).
+Per-step values live in the arena: the batch, the labels and the learning rate are copied
+into their fixed slots before the replay; the step counters, the dynamic loss scale
+(PyTorch ``GradScaler`` semantics: start 2**16, halve and skip the step on inf/nan, double
+after 2,000 clean steps) and the overflow flag are computed on the device.
+
+The host synchronises once per step, after the replay, to read the loss and the number of
+correct predictions (what ``train_step`` returns and the progress bar shows).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from planner.executor_api import ExecutorBase, InputError
+from planner.init import initial_parameters
+
+from ._arena import DeviceArena
+from ._elementwise import cast_f32_to_f16
+from ._graph import StepRunner, graph_support, new_stream, synchronize
+from ._ops import StepContext, layer_positions, record_op
+from ._optim import INIT_LOSS_SCALE
+from ._registry import SIMULATOR
+from ._tape import Immediate, LaunchTape
+
+REPLAY_MODES = ("auto", "graph", "eager")
+
+
+def cuda_unavailable_reason() -> str:
+    """'' where kernels can run here (a GPU, or the simulator), else why not."""
+    if SIMULATOR:
+        return ""
+    try:
+        if cuda.is_available():
+            return ""
+    except Exception as error:   # a broken driver install raises instead of answering False
+        return f"the CUDA driver could not be queried ({error})"
+    return ("no CUDA GPU is available to numba (numba.cuda.is_available() is False); train with .device('cpu'), "
+            "or set NUMBA_ENABLE_CUDASIM=1 before numba is imported to run the kernels in the simulator (slow)")
+
+
+class CudaExecutor(ExecutorBase):
+    """Train and evaluate an AMP CompiledPlan on the GPU (or in numba's CUDA simulator).
+
+    Same interface as `cpu_ref.CpuExecutor`: ``forward``, ``evaluate_batch``, ``train_step``,
+    ``gradients`` (unscaled), ``state_dict`` / ``load_state_dict`` (PyTorch layouts, fp32),
+    ``optimizer_state`` / ``load_optimizer_state``. ``replay``: "graph" (one CUDA graph launch
+    per step), "eager" (one launch per kernel) or "auto" (graph where the CUDA graph API is
+    available, else eager — the simulator has no graphs). ``init_loss_scale``: the dynamic loss
+    scale's start (PyTorch ``GradScaler(init_scale=2.0**16)``); a step whose scaled gradients
+    overflow fp16 is skipped and the scale halved, so early steps of small-batch runs may skip.
+
+    >>> from blueprint import zoo                                  # doctest: +SKIP
+    >>> from planner import ArchPlan
+    >>> from planner.compiler import Compiler
+    >>> arch = ArchPlan.from_blueprint(zoo.resnet20(), fuse=True, amp=True)
+    >>> plan = Compiler(arch).compile({"train": (128, 32, 32, 3), "eval": (256, 32, 32, 3)})
+    >>> ex = CudaExecutor(plan, seed=0)
+    >>> loss = ex.train_step(x, y, lr=0.1)
+    """
+
+    def __init__(self, plan, loss=None, optimizer=None, seed: int = 0, replay: str = "auto",
+                 init_loss_scale: float = INIT_LOSS_SCALE, separate_buffers: bool = False):
+        why = cuda_unavailable_reason()
+        if why:
+            raise RuntimeError(f"CudaExecutor: {why}")
+        if not plan.arch.amp:
+            raise ValueError("CudaExecutor runs AMP plans (fp16 activations, fp32 master weights): build the ArchPlan "
+                             "with amp=True (and fuse=True for the fused kernels); fp32 plans run on CpuExecutor")
+        if replay not in REPLAY_MODES:
+            raise ValueError(f"CudaExecutor(replay): expected one of {REPLAY_MODES}, got {replay!r}")
+        super().__init__(plan, loss, optimizer, seed)
+        self._separate = separate_buffers
+        self.replay = ("graph" if graph_support()[0] else "eager") if replay == "auto" else replay
+        self.stream = new_stream()
+        self.arena = DeviceArena(plan.memory.arena_bytes)
+        self.arena.zero()
+        self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
+        self._tracked = {p.tensor for p in plan.params if p.name.endswith("num_batches_tracked")}
+        self._bn_forwards = 0   # training forwards since the BN counters were last written
+        regions = {name: self._region_view(name, dtype) for name, dtype in
+                   (("params", np.float32), ("grads", np.float32), ("optim", np.float32), ("weights16", np.float16))}
+        self._regions = regions
+        self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
+                         if plan.tensor(tid).region == "scalars"}
+        self._half = {p.tensor: self._persistent[tid] for p in plan.params for tid in
+                      [t.id for t in plan.tensors if t.name == "fp16." + p.name]}
+        self._views: dict[str, dict[int, object]] = {}
+        self._runners: dict[tuple[str, str], StepRunner] = {}
+        self._scratch: dict[str, dict[int, object]] = {}
+        for tid, value in initial_parameters(plan, seed).items():
+            self._write(tid, value)
+        if not (np.isfinite(init_loss_scale) and init_loss_scale > 0):
+            raise ValueError(f"CudaExecutor(init_loss_scale): expected a finite number > 0, got {init_loss_scale!r}")
+        self._upload_scalar("loss_scale", np.float32(init_loss_scale))
+        self._refresh_half_weights()
+
+    # ---- arena views -----------------------------------------------------------------------------------
+    def _view(self, t, shape):
+        """A device view of tensor ``t``; int64 labels and counters are read as int32 by the kernels."""
+        dtype = np.dtype(t.dtype)
+        shape = tuple(shape) or (1,)
+        if dtype == np.int64 and t.region in ("io", "scalars"):
+            dtype = np.dtype(np.int32)
+        if self._separate and t.graph:
+            return cuda.device_array(shape, dtype)
+        return self.arena.view(t.offset, shape, dtype)
+
+    def _region_view(self, region, dtype):
+        start, nbytes = self.plan.memory.regions[region]
+        if nbytes == 0:
+            return self.arena.view(0, (0,), dtype)
+        return self.arena.view(start, (nbytes // np.dtype(dtype).itemsize,), dtype)
+
+    def _variant_views(self, variant):
+        if variant not in self._views:
+            plan, graph = self.plan, self.plan.variants[variant].graph
+            views = dict(self._persistent)
+            for t in plan.tensors:
+                if t.graph == graph or t.region == "io":
+                    views[t.id] = self._view(t, t.shape_in(variant))
+            # The plan pads the input slot's channels to a multiple of 4 (room for vectorised loads);
+            # these kernels load scalars, so the batch is stored and read with its real channels.
+            t = plan.tensor(plan.io["input"])
+            views[t.id] = self._view(t, t.shape_in(variant)[:3] + (plan.arch.in_channels,))
+            self._views[variant] = views
+            self._scratch[variant] = self._eval_argmax_scratch(variant, views)
+        return self._views[variant]
+
+    def _eval_argmax_scratch(self, variant, views):
+        """Index buffers for maxpools the plan gives no argmax workspace (eval graphs), made once."""
+        scratch = {}
+        positions = layer_positions(self.plan)
+        for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
+            if op.direction != "forward":
+                continue
+            layer = self.plan.arch.layers[op.layer]
+            for position, prim in zip(positions[op.layer], layer.sub or (layer,)):
+                tag = f"{position}:" if layer.sub else ""
+                if prim.kind == "maxpool" and op.written(tag + "argmax") is None:
+                    tid = op.written(tag + "y")
+                    scratch[tid] = cuda.device_array(views[tid].shape, np.int32)
+        return scratch
+
+    # ---- memory accessors ------------------------------------------------------------------------------
+    def _read(self, tid):
+        t = self.plan.tensor(tid)
+        value = self._persistent[tid].copy_to_host().reshape(t.shape).astype(t.dtype)
+        if tid in self._tracked:
+            value = value + self._bn_forwards
+        return value
+
+    def _write(self, tid, value):
+        t = self.plan.tensor(tid)
+        value = np.asarray(value).astype(t.dtype)
+        if tid in self._tracked:
+            value = value - self._bn_forwards
+        view = self._persistent[tid]
+        view.copy_to_device(np.ascontiguousarray(value.reshape(view.shape).astype(view.dtype)))
+        if t.region == "params":
+            self._half_dirty = True
+
+    def _read_gradient(self, tid):
+        return self._read(tid) / self._last_loss_scale()
+
+    def _last_loss_scale(self):
+        """The scale the last step's gradients carry (the scale is updated after the step)."""
+        scale = float(self._scalars["loss_scale"].copy_to_host()[0])
+        if self._scalars["overflow"].copy_to_host()[0]:
+            return scale * 2
+        if self.step_count and self._scalars["good_steps"].copy_to_host()[0] == 0:
+            return scale / 2
+        return scale
+
+    def _upload_scalar(self, name, value):
+        view = self._scalars[name]
+        view.copy_to_device(np.array([value], dtype=view.dtype))
+
+    def _refresh_half_weights(self):
+        cast_f32_to_f16(Immediate(), self._regions["params"], self._regions["weights16"])
+        cuda.synchronize()
+        self._half_dirty = False
+
+    # ---- steps -----------------------------------------------------------------------------------------
+    def _runner(self, variant, purpose):
+        """The recorded step of ``variant``: "train", "eval" (forward + loss) or "forward"."""
+        key = (variant, purpose)
+        if key not in self._runners:
+            views = self._variant_views(variant)
+            ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self._scratch[variant],
+                              self.seed, self.loss.smoothing, self.optimizer)
+            tape = LaunchTape()
+            for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
+                if purpose != "forward" or op.direction == "forward":
+                    record_op(tape, ctx, op)
+            self._runners[key] = StepRunner(tape, self.replay)
+        return self._runners[key]
+
+    def _load_batch(self, variant, x, y):
+        views = self._variant_views(variant)
+        io = self.plan.io
+        views[io["input"]].copy_to_device(np.ascontiguousarray(x, dtype=np.float16))
+        if y is not None:
+            views[io["labels"]].copy_to_device(np.ascontiguousarray(y, dtype=np.int32))
+        return views
+
+    def _run(self, variant, purpose):
+        if self._half_dirty:
+            self._refresh_half_weights()
+        self._runner(variant, purpose).run(self.stream)
+        synchronize(self.stream)
+
+    def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
+        """Logits (fp32 copy of the fp16 values). ``train=True`` runs the training forward
+        (batch statistics, dropout, running-stat updates) without backward or update."""
+        self._check_batch(x)
+        graph = "train" if train and "train" in self.plan.graphs else "eval"
+        variant = self._variant_for(x.shape, graph)
+        views = self._load_batch(variant, x, None)
+        self._run(variant, "forward")
+        if graph == "train":
+            self._bn_forwards += 1
+        return views[self.plan.io["logits"]].copy_to_host().astype(np.float32)
+
+    def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
+        """(mean loss, number correct, logits) in eval mode."""
+        y = self._check_batch(x, y)
+        variant = self._variant_for(x.shape, "eval")
+        views = self._load_batch(variant, x, y)
+        self._run(variant, "eval")
+        io = self.plan.io
+        return (float(views[io["loss"]].copy_to_host()[0]), int(views[io["correct"]].copy_to_host()[0]),
+                views[io["logits"]].copy_to_host().astype(np.float32))
+
+    def train_step(self, x: np.ndarray, y, lr: float) -> float:
+        """One step: forward, loss, backward, overflow check, update (skipped on overflow), loss
+        scale, fp16 weight copies. Returns the loss (the host's one synchronisation per step)."""
+        if not self.plan.training:
+            raise ValueError("this plan was compiled with training=False; compile a train variant to train")
+        y = self._check_batch(x, y)
+        lr = self._check_lr(lr)
+        variant = self._variant_for(x.shape, "train")
+        self._load_batch(variant, x, y)
+        self._upload_scalar("lr", np.float32(lr))
+        self._run(variant, "train")
+        self.step_count += 1
+        self._bn_forwards += 1
+        self.last_correct = int(self._scalars["correct"].copy_to_host()[0])
+        return float(self._scalars["loss"].copy_to_host()[0])
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self._scalars["loss_scale"].copy_to_host()[0])
+
+    @property
+    def skipped_last_step(self) -> bool:
+        """True when the last step's gradients overflowed and its update was skipped."""
+        return bool(self._scalars["overflow"].copy_to_host()[0])
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The base state plus the dynamic loss scale and the device's step counters (exact resume)."""
+        state = super().optimizer_state()
+        for name in ("loss_scale", "good_steps", "step", "iteration"):
+            state["amp." + name] = self._scalars[name].copy_to_host().copy()
+        return state
+
+    def load_optimizer_state(self, state: dict) -> None:
+        super().load_optimizer_state(state)
+        for name in ("step", "iteration"):
+            self._upload_scalar(name, self.step_count)
+        for name in ("loss_scale", "good_steps", "step", "iteration"):
+            if "amp." + name in state:
+                self._upload_scalar(name, np.asarray(state["amp." + name]).reshape(-1)[0])
+
+
+__all__ = ["CudaExecutor", "InputError", "cuda_unavailable_reason"]

@@ -1,0 +1,245 @@
+"""CudaExecutor on whole plans: the fused fp16 path against its unfused expansion and against
+the fp32 CPU path, tape replay, dynamic loss scaling, and `DeepLearningTask.device("cuda")`.
+
+Two tiny networks cover every fused kind: a ResNet (CBR, BasicBlock identity + projection,
+Bottleneck identity + projection, GapFc) and a MobileNetV2-style net (CBR, InvResidual
+without a shortcut, with an identity shortcut and with expand ratio 1, GapFc). It does not
+downsample: with a stride-2 block before the last one (the depthwise convolution of the last
+block on 2x2 maps), the fused and unfused fp16 runs differed from each other and from the CPU
+by 5-18% from that block's depthwise BatchNorm backwards, while each block alone agreed within
+0.5% -- most likely fp16 rounding amplified by that BatchNorm, but not proven; an open question. Each is trained
+for two steps on three executors that start from the same weights: CUDA fused (AMP), CUDA
+unfused (AMP) and the CPU reference (fp32). Shapes are 4x4 images (the simulator runs one
+Python thread per CUDA thread), batch 4 with one downsampling, so that every BatchNorm
+normalises at least 16 values: over fewer (2 x 1 x 1 after two downsamplings) BatchNorm's
+backward is so ill-conditioned that fp16 rounding alone moves the gradients by tens of
+percent in the second step.
+
+Tolerances: activations are stored in fp16 (2**-11 relative rounding per store), so the
+fp16 paths differ from fp32 by a few 1e-3 after a forward and backward through a dozen
+layers. Tensors are compared by the 2-norm of their difference, relative to their own norm
+with a floor of 1% of the largest norm among the tensors compared (``close``): a gradient
+that is zero in exact arithmetic (a bias feeding a linear layer and a BatchNorm) is pure
+rounding noise on every path. Losses within 1e-2 relative; the first step's gradients (same
+weights on every path) within ``GRAD_TOL``. After that the paths start from slightly
+different weights and BatchNorm over 16 values amplifies the difference, so the parameters
+after two steps are compared by their updates (``UPDATE_TOL``), BN statistics and eval
+logits within ``GRAD_TOL``.
+"""
+import numpy as np
+import pytest
+
+from blueprint import BlockStyle, BluePrint, block, bn, cbr, conv, dropout, fc, gap, gap_fc, maxpool, mbconv, named, \
+    relu, seq
+from blueprint.optim import SGD, AdamW, CrossEntropyLoss
+from cpu_ref import CpuExecutor
+from cuda_kernels import CudaExecutor
+from planner import ArchPlan
+from planner.compiler import Compiler
+
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
+
+TINY_RESNET = BluePrint(seq(
+    named("conv1", cbr(8, 3, 1, 1)),
+    named("layer1", seq(block(8, BlockStyle.RESNET_3_3), block(16, BlockStyle.RESNET_3_3_DS))),
+    named("layer2", seq(block(8, 16, BlockStyle.RESNET_1_3_1), block(8, 32, BlockStyle.RESNET_1_3_1))),
+    named("fc", gap_fc(5))), "tiny_resnet")
+TINY_MOBILENET = BluePrint(seq(cbr(8, 3, 1, 1), mbconv(1, 8, 1), mbconv(2, 16, 1), mbconv(2, 16, 1), gap_fc(5)),
+                           "tiny_mobilenet")
+FUSED_KINDS = {"tiny_resnet": {"cbr", "basic_block", "bottleneck", "gap_fc"},
+               "tiny_mobilenet": {"cbr", "inv_residual", "gap_fc"}}
+NETS = {"tiny_resnet": TINY_RESNET, "tiny_mobilenet": TINY_MOBILENET}
+BATCH, HWC, CLASSES, LR = 4, (4, 4, 3), 5, 0.02
+GRAD_TOL, UPDATE_TOL = 2e-2, 1e-1   # measured worst: 0.5% and 5.2% (a BN weight of tiny_mobilenet)
+# Tiny batches have per-activation gradients near 1: at GradScaler's default scale (2**16) they
+# overflow fp16 and the step is (rightly) skipped; the cross-checks use a scale that fits.
+CHECK_SCALE = 2.0 ** 12
+
+
+
+def compile_plan(bp, fuse, amp, hwc=HWC, batch=BATCH, eval_batch=BATCH, slots=1):
+    arch = ArchPlan.from_blueprint(bp, in_channels=hwc[2], fuse=fuse, amp=amp)
+    plan = Compiler(arch).compile({"train": (batch,) + hwc, "eval": (eval_batch,) + hwc},
+                                  optimizer_state_slots=slots)
+    plan.verify()   # the arena views the executor makes never overlap while live
+    return plan
+
+
+def batches(count, batch=BATCH, hwc=HWC, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch,) + hwc).astype(np.float32), rng.integers(0, CLASSES, batch))
+            for _ in range(count)]
+
+
+def assert_close(got: dict, want: dict, tol: float, label: str):
+    """Every tensor: |got - want| <= tol * max(|want|, 1% of the largest |want|) in the 2-norm."""
+    assert sorted(got) == sorted(want), label
+    norms = {k: float(np.linalg.norm(np.asarray(want[k], np.float64))) for k in want}
+    floor = 1e-2 * max(norms.values())
+    for k in want:
+        error = float(np.linalg.norm(np.asarray(got[k], np.float64) - np.asarray(want[k], np.float64)))
+        assert error <= tol * max(norms[k], floor), f"{label} {k}: |difference| {error:.3g}, |reference| {norms[k]:.3g}"
+
+
+def train(executor, steps):
+    record = {"loss": [], "correct": [], "start": executor.state_dict()}
+    for x, y in batches(steps):
+        record["loss"].append(executor.train_step(x, y, LR))
+        record["correct"].append(executor.last_correct)
+        if "grads" not in record:
+            record["grads"] = executor.gradients()
+    record["state"] = executor.state_dict()
+    record["logits"] = executor.forward(batches(1, seed=7)[0][0])
+    return record
+
+
+@pytest.fixture(scope="class", params=sorted(NETS))
+def runs(request):
+    """SGD steps (momentum, nesterov, weight decay) of one net: two on the CPU reference and the
+    fused CUDA path, one on the unfused CUDA path (its gradients are what the fused kinds are
+    checked against)."""
+    name, bp = request.param, NETS[request.param]
+    optimizer = SGD().momentum(0.9).nesterov(True).weight_decay(1e-3)
+    loss = CrossEntropyLoss().label_smoothing(0.1)
+    reference = CpuExecutor(compile_plan(bp, fuse=False, amp=False), loss, optimizer, seed=3)
+    fused_plan = compile_plan(bp, fuse=True, amp=True)
+    kinds = {layer.kind for layer in fused_plan.arch.layers}
+    assert FUSED_KINDS[name] <= kinds, f"{name} must exercise {FUSED_KINDS[name] - kinds}"
+    out = {"name": name, "cpu": train(reference, 2)}
+    for label, plan, steps in (("fused", fused_plan, 2), ("unfused", compile_plan(bp, fuse=False, amp=True), 1)):
+        executor = CudaExecutor(plan, loss, optimizer, seed=3, init_loss_scale=CHECK_SCALE)
+        out[label] = train(executor, steps)
+        assert not executor.skipped_last_step and executor.loss_scale == CHECK_SCALE
+    return out
+
+
+class TestAgainstTheCpuPath:
+    """The cross-checks share one run of each net (one pytest-xdist worker takes the class)."""
+
+    def test_losses_and_accuracy_follow_the_cpu_reference(self, runs):
+        got, want = runs["fused"], runs["cpu"]
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-2)
+        np.testing.assert_allclose(runs["unfused"]["loss"], want["loss"][:1], rtol=1e-2)
+        assert got["loss"][1] != got["loss"][0], "the second step must see updated weights"
+        assert sum(got["correct"]) == pytest.approx(sum(want["correct"]), abs=1)
+
+    @pytest.mark.parametrize("path", ["fused", "unfused"])
+    def test_every_gradient_follows_the_cpu_reference(self, runs, path):
+        assert_close(runs[path]["grads"], runs["cpu"]["grads"], GRAD_TOL, f"{runs['name']} {path} gradient")
+
+    def test_parameters_and_bn_statistics_after_two_steps_follow_the_cpu_reference(self, runs):
+        got, want, start = runs["fused"]["state"], runs["cpu"]["state"], runs["cpu"]["start"]
+        assert sorted(got) == sorted(want)
+        trainable = sorted(runs["cpu"]["grads"])
+        assert_close({k: got[k] - start[k] for k in trainable}, {k: want[k] - start[k] for k in trainable},
+                     UPDATE_TOL, f"{runs['name']} update of")
+        statistics = [k for k in want if k.endswith(("running_mean", "running_var"))]
+        assert statistics and all(got[k].shape == want[k].shape for k in statistics)
+        assert_close({k: got[k] for k in statistics}, {k: want[k] for k in statistics}, GRAD_TOL, runs["name"])
+        for name in want:
+            if name.endswith("num_batches_tracked"):
+                assert got[name] == want[name] == 2, name
+        assert_close({"logits": runs["fused"]["logits"]}, {"logits": runs["cpu"]["logits"]}, GRAD_TOL, "eval")
+
+    def test_each_fused_kind_matches_its_unfused_expansion(self, runs):
+        """Same plan, same kernels per primitive; the fused ops add the conv-epilogue statistics,
+        the fused BN apply (+ residual) (+ ReLU/ReLU6) and the backward recomputation."""
+        fused, unfused = runs["fused"], runs["unfused"]
+        np.testing.assert_allclose(fused["loss"][:1], unfused["loss"], rtol=5e-3)
+        assert_close(fused["grads"], unfused["grads"], GRAD_TOL, "fused vs unfused gradient")
+
+
+# ---- tape replay, loss scaling, bad input ----------------------------------------------------------------
+SMALL = BluePrint(seq(cbr(8, 3, 1, 1), maxpool(2, 2), dropout(0.25), gap(), fc(CLASSES)), "small")
+
+
+def test_replaying_the_recorded_step_equals_fresh_eager_launches_every_step():
+    """The executor records each step once and replays it; a second executor re-records the
+    step every time (a fresh tape, launched at once). Five steps must agree exactly: every
+    per-step value (batch, lr, dropout draw, loss scale, counters) is read from the arena."""
+    plan = compile_plan(SMALL, fuse=True, amp=True, slots=2)
+    replayed, fresh = (CudaExecutor(plan, optimizer=AdamW().weight_decay(1e-2), seed=1, replay="eager",
+                                    init_loss_scale=CHECK_SCALE) for _ in range(2))
+    for step, (x, y) in enumerate(batches(5, seed=11)):
+        fresh._runners.clear()
+        a, b = replayed.train_step(x, y, 1e-2 * (step + 1)), fresh.train_step(x, y, 1e-2 * (step + 1))
+        assert a == b, f"step {step}: loss {a} != {b}"
+        state_a, state_b = replayed.state_dict(), fresh.state_dict()
+        for name in state_a:
+            np.testing.assert_array_equal(state_a[name], state_b[name], err_msg=f"{name} after step {step}")
+    assert len(replayed._runners) == 1 and len(replayed._runners[("train", "train")].tape) > 20
+
+
+def test_an_overflowing_step_is_skipped_halves_the_scale_and_leaves_parameters_untouched():
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    ex = CudaExecutor(plan, optimizer=SGD().momentum(0.9), seed=2, init_loss_scale=CHECK_SCALE)
+    (x, y), (x2, y2) = batches(2, seed=4)
+    ex.train_step(x, y, 0.1)
+    assert not ex.skipped_last_step and ex.loss_scale == CHECK_SCALE
+    state = ex.state_dict()
+    momentum = ex.optimizer_state()
+    poisoned = dict(state, **{"4.weight": np.full_like(state["4.weight"], 1e30)})  # its fp16 copy is inf
+    ex.load_state_dict(poisoned)
+    loss = ex.train_step(x2, y2, 0.1)
+    assert not np.isfinite(loss)
+    assert ex.skipped_last_step and ex.loss_scale == CHECK_SCALE / 2
+    after = ex.state_dict()
+    for name in state:
+        if not name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+            np.testing.assert_array_equal(after[name], poisoned[name], err_msg=f"{name} changed in a skipped step")
+    for name, value in ex.optimizer_state().items():
+        if name.startswith("state"):
+            np.testing.assert_array_equal(value, momentum[name], err_msg=f"{name} changed in a skipped step")
+    ex.load_state_dict(state)                       # healthy weights: the next step updates again
+    ex.train_step(x, y, 0.1)
+    assert not ex.skipped_last_step and ex.loss_scale == CHECK_SCALE / 2
+    assert not np.array_equal(ex.state_dict()["4.weight"], state["4.weight"])
+
+
+def test_bad_input_is_refused_before_anything_runs():
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    ex = CudaExecutor(plan, seed=0)
+    before = ex.state_dict()
+    (x, y), = batches(1)
+    for bad_x, bad_y, fragment in [(x[..., :2], y, "variant"), (x.astype(np.float64), y, "float32"),
+                                   (np.where(x > 1, np.nan, x).astype(np.float32), y, "NaN"),
+                                   (x, np.array([0, 1, 2, CLASSES]), "labels must be in")]:
+        with pytest.raises(ValueError, match=fragment):
+            ex.train_step(bad_x, bad_y, 0.1)
+    after = ex.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_fp32_plans_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="amp=True"):
+        CudaExecutor(compile_plan(SMALL, fuse=False, amp=False))
+
+
+def test_weights_move_between_the_cpu_and_cuda_paths_by_name():
+    cpu = CpuExecutor(compile_plan(SMALL, fuse=False, amp=False), seed=8)
+    ex = CudaExecutor(compile_plan(SMALL, fuse=True, amp=True), seed=99)
+    ex.load_state_dict(cpu.state_dict())
+    x, _ = batches(1, seed=5)[0]
+    assert_close({"logits": ex.forward(x)}, {"logits": cpu.forward(x)}, GRAD_TOL, "after loading CPU weights:")
+    for name, value in cpu.state_dict().items():
+        np.testing.assert_array_equal(ex.state_dict()[name], value, err_msg=name)
+
+
+# ---- the task ----------------------------------------------------------------------------------------------
+def test_the_task_trains_on_the_cuda_path_end_to_end(tmp_path):
+    from blueprint.task import DeepLearningTask
+    from blueprint.task.data import synthetic
+
+    train, val = synthetic(24, (4, 4, 1), num_classes=3, seed=0), synthetic(6, (4, 4, 1), num_classes=3, seed=1)
+    task = (DeepLearningTask().model(BluePrint(seq(cbr(8, 3, 1, 1), gap_fc(3))))
+            .optimizer(SGD().momentum(0.9)).data(train=train, val=val, batch_size=8)
+            .epochs(2).device("cuda").seed(0).checkpoint(str(tmp_path / "ckpt.safetensors")))
+    history = task.fit()
+    session = task.session()
+    assert isinstance(session.executor, CudaExecutor)
+    assert session.plan.arch.fuse and session.plan.arch.amp
+    assert [r.epoch for r in history] == [1, 2]
+    assert all(np.isfinite(r.train_loss) and r.val_accuracy is not None for r in history)
+    assert history[1].train_loss < history[0].train_loss
+    assert (tmp_path / "ckpt.safetensors").exists()
