@@ -133,7 +133,7 @@ def batchnorm_case(mem, rng, rows, channels, direction):
                                                                 0.1, 1e-5)
             return {"y": (np.maximum(ry, 0), "fp16"), "mean": (rmean, "stats"), "invstd": (rinv, "stats")}
         return Case(lambda t: _batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
-                                                                 1e-5, relu=True),
+                                                                 1e-5, activation="relu"),
                     {"y": y, "mean": mean, "invstd": invstd}, expected, 0, 3 * 2 * x.size)
     hmean, hinv = hx.astype(np.float32).mean(0), 1 / np.sqrt(hx.astype(np.float32).var(0) + 1e-5)
     hdy, dy = mem.random(rng, (rows, channels), np.float16)
@@ -302,7 +302,7 @@ def residual_bn_case(mem, rng, rows, channels):
                              [(0.1, np.float32), (0, np.int32), (1.0, np.float32), (0, np.int32)])
 
     def record(t):
-        _batchnorm.batchnorm_forward_eval(t, x, gamma, beta, rm, rv, 1e-5, y, relu=True, residual=res)
+        _batchnorm.batchnorm_forward_eval(t, x, gamma, beta, rm, rv, 1e-5, y, activation="relu", residual=res)
         _optim.sgd_step(t, p, g, buf, lr, step, scale, flag, 0.9, 0.0, True, 1e-4)
 
     def expected():
