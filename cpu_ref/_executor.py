@@ -11,16 +11,16 @@ import math
 
 import numpy as np
 
-from blueprint.optim import SGD, AdamW, CrossEntropyLoss
+from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
-from planner.executor_api import InputError
-from planner.init import from_torch_layout, initial_parameters, to_torch_layout, torch_shape
+from planner.executor_api import ExecutorBase, InputError
+from planner.init import initial_parameters
 from planner.registry import ACTIVATION_CODE
 
 
 
 
-class CpuExecutor:
+class CpuExecutor(ExecutorBase):
     """Train and evaluate a CompiledPlan on the CPU.
 
     >>> from blueprint import zoo
@@ -37,23 +37,20 @@ class CpuExecutor:
         if plan.arch.fuse or plan.arch.amp:
             raise ValueError("CpuExecutor runs fp32 unfused plans: build the ArchPlan with fuse=False, amp=False "
                              "(fused fp16 plans run on CudaExecutor)")
-        self.plan = plan
-        self.loss = loss if loss is not None else CrossEntropyLoss()
-        self.optimizer = (optimizer if optimizer is not None else SGD()).validate()
-        if plan.training and self.optimizer.state_slots > plan.optimizer_state_slots:
-            raise ValueError(f"the optimizer {self.optimizer!r} needs {self.optimizer.state_slots} state slot(s) but "
-                             f"the plan was compiled with optimizer_state_slots={plan.optimizer_state_slots}")
-        self.seed = seed
-        self.step_count = 0
-        self.last_correct = 0
+        super().__init__(plan, loss, optimizer, seed)
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._regions = {name: self._region_view(name) for name in ("params", "grads", "optim")}
-        self._param_by_name = {p.name: p for p in plan.params}
         for tid, value in initial_parameters(plan, seed).items():
-            self._persistent[tid][...] = value
+            self._write(tid, value)
+
+    def _read(self, tid: int) -> np.ndarray:
+        return self._persistent[tid].copy()
+
+    def _write(self, tid: int, value) -> None:
+        self._persistent[tid][...] = value
 
     # ---- views -------------------------------------------------------------------------------------
     def _view(self, t, shape) -> np.ndarray:
@@ -74,33 +71,6 @@ class CpuExecutor:
                     views[t.id] = self._view(t, t.shape_in(variant))
             self._views[variant] = views
         return self._views[variant]
-
-    def _variant_for(self, shape, graph: str) -> str:
-        for name, v in self.plan.variants.items():
-            if v.graph == graph and v.input_shape == tuple(shape):
-                return name
-        compiled = {n: v.input_shape for n, v in self.plan.variants.items() if v.graph == graph}
-        raise InputError(f"no compiled {graph} variant takes a batch of shape {tuple(shape)}; compiled {graph} "
-                         f"variants: {compiled}. Compile a variant for this shape (the task does this for the last "
-                         f"partial batch)")
-
-    # ---- input checks --------------------------------------------------------------------------------
-    def _check_batch(self, x, y=None):
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32:
-            raise InputError(f"expected the batch as a float32 numpy array (N, H, W, C), got "
-                             f"{type(x).__name__} {getattr(x, 'dtype', '')}")
-        if x.ndim != 4:
-            raise InputError(f"expected an NHWC batch (4-D), got shape {x.shape}")
-        if not np.isfinite(x).all():
-            raise InputError("the batch contains NaN or Inf values; clean the data (or its normalisation) first")
-        if y is not None:
-            y = np.asarray(y)
-            classes = self.plan.value_shapes[next(iter(self.plan.variants))][self.plan.arch.output_value][1]
-            if y.shape != (x.shape[0],) or not np.issubdtype(y.dtype, np.integer):
-                raise InputError(f"expected integer labels of shape ({x.shape[0]},), got {y.dtype} {y.shape}")
-            if y.size and (y.min() < 0 or y.max() >= classes):
-                raise InputError(f"labels must be in [0, {classes}), got values in [{y.min()}, {y.max()}]")
-        return y
 
     # ---- public API ------------------------------------------------------------------------------------
     def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
@@ -130,11 +100,9 @@ class CpuExecutor:
         if not self.plan.training:
             raise ValueError("this plan was compiled with training=False; compile a train variant to train")
         y = self._check_batch(x, y)
-        if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
-            raise InputError(f"lr must be a finite number >= 0, got {lr!r}")
+        self._lr = self._check_lr(lr)
         variant = self._variant_for(x.shape, "train")
         views = self._load_batch(variant, x, y)
-        self._lr = float(lr)
         for op in self.plan.graphs["train"].ops:
             self._run(op, views, variant)
         self.step_count += 1
@@ -147,61 +115,6 @@ class CpuExecutor:
         if y is not None:
             views[self.plan.io["labels"]][...] = y
         return views
-
-    def gradients(self) -> dict[str, np.ndarray]:
-        """Parameter gradients of the last train step, by name, in PyTorch layout."""
-        grads = {}
-        for t in self.plan.tensors:
-            if t.region == "grads":
-                spec = self._param_by_name[t.name[len("grad."):]]
-                grads[spec.name] = to_torch_layout(spec, self._persistent[t.id])
-        return grads
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters and BN statistics by name, in PyTorch layouts (copies)."""
-        return {p.name: to_torch_layout(p, self._persistent[p.tensor]) for p in self.plan.params}
-
-    def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Load PyTorch-layout arrays (numpy, or anything `np.asarray` takes: torch tensors too)."""
-        expected = {p.name: p for p in self.plan.params}
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        converted, wrong = {}, []
-        for name, value in state.items():
-            if name not in expected:
-                continue
-            spec = expected[name]
-            array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
-            if tuple(array.shape) != torch_shape(spec):
-                wrong.append(f"{name}: expected {torch_shape(spec)}, got {tuple(array.shape)}")
-                continue
-            converted[spec.tensor] = from_torch_layout(spec, array)
-        problems = []
-        if strict and missing:
-            problems.append(f"missing keys {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-        if strict and unexpected:
-            problems.append(f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
-        if wrong:
-            problems.append("mis-shaped keys " + "; ".join(wrong[:10]))
-        if problems:
-            raise KeyError("load_state_dict: " + "; ".join(problems) + " (nothing was loaded)")
-        for tid, value in converted.items():
-            self._persistent[tid][...] = value
-
-    def optimizer_state(self) -> dict[str, np.ndarray]:
-        """Optimizer state tensors by name (`state0.<param>`, ...) plus the step count."""
-        state = {t.name: self._persistent[t.id].copy() for t in self.plan.tensors if t.region == "optim"}
-        state["step"] = np.array(self.step_count, dtype=np.int64)
-        return state
-
-    def load_optimizer_state(self, state: dict) -> None:
-        names = {t.name: t for t in self.plan.tensors if t.region == "optim"}
-        missing = sorted(set(names) - set(state))
-        if missing:
-            raise KeyError(f"load_optimizer_state: missing keys {missing[:10]}")
-        for name, t in names.items():
-            self._persistent[t.id][...] = state[name]
-        self.step_count = int(state.get("step", 0))
 
     # ---- op dispatch -----------------------------------------------------------------------------------
     def _run(self, op, views, variant):
@@ -393,3 +306,6 @@ _FORWARD = {"conv": _conv_fwd, "bn2d": _bn_fwd, "bn1d": _bn_fwd, "dropout": _dro
 _BACKWARD = {"conv": _conv_bwd, "bn2d": _bn_bwd, "bn1d": _bn_bwd, "dropout": _dropout_bwd, "flatten": _flatten_bwd,
              "fc": _fc_bwd, "maxpool": _maxpool_bwd, "avgpool": _avgpool_bwd, "gap": _gap_bwd,
              "channel_pad": _channel_pad_bwd, "add": _add_bwd, **{a: _act_bwd for a in _ACTS}}
+
+
+__all__ = ["CpuExecutor", "InputError"]

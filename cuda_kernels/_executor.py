@@ -23,7 +23,7 @@ from planner.init import initial_parameters
 from ._arena import DeviceArena
 from ._elementwise import cast_f32_to_f16
 from ._graph import StepRunner, graph_support, new_stream, synchronize
-from ._ops import StepContext, layer_positions, record_op
+from ._ops import StepContext, record_op
 from ._optim import INIT_LOSS_SCALE
 from ._registry import SIMULATOR
 from ._tape import Immediate, LaunchTape
@@ -54,6 +54,8 @@ class CudaExecutor(ExecutorBase):
     available, else eager — the simulator has no graphs). ``init_loss_scale``: the dynamic loss
     scale's start (PyTorch ``GradScaler(init_scale=2.0**16)``); a step whose scaled gradients
     overflow fp16 is skipped and the scale halved, so early steps of small-batch runs may skip.
+    ``separate_buffers``: every step-local tensor gets its own allocation instead of its planned
+    arena offset; results must not change (a check of the memory plan, as on the CPU path).
 
     >>> from blueprint import zoo                                  # doctest: +SKIP
     >>> from planner import ArchPlan
@@ -74,6 +76,8 @@ class CudaExecutor(ExecutorBase):
                              "with amp=True (and fuse=True for the fused kernels); fp32 plans run on CpuExecutor")
         if replay not in REPLAY_MODES:
             raise ValueError(f"CudaExecutor(replay): expected one of {REPLAY_MODES}, got {replay!r}")
+        if not (np.isfinite(init_loss_scale) and init_loss_scale > 0):
+            raise ValueError(f"CudaExecutor(init_loss_scale): expected a finite number > 0, got {init_loss_scale!r}")
         super().__init__(plan, loss, optimizer, seed)
         self._separate = separate_buffers
         self.replay = ("graph" if graph_support()[0] else "eager") if replay == "auto" else replay
@@ -83,20 +87,17 @@ class CudaExecutor(ExecutorBase):
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._tracked = {p.tensor for p in plan.params if p.name.endswith("num_batches_tracked")}
         self._bn_forwards = 0   # training forwards since the BN counters were last written
-        regions = {name: self._region_view(name, dtype) for name, dtype in
-                   (("params", np.float32), ("grads", np.float32), ("optim", np.float32), ("weights16", np.float16))}
-        self._regions = regions
+        self._regions = {name: self._region_view(name, dtype) for name, dtype in
+                         (("params", np.float32), ("grads", np.float32), ("optim", np.float32),
+                          ("weights16", np.float16))}
         self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
                          if plan.tensor(tid).region == "scalars"}
-        self._half = {p.tensor: self._persistent[tid] for p in plan.params for tid in
-                      [t.id for t in plan.tensors if t.name == "fp16." + p.name]}
+        copies = {t.name[len("fp16."):]: t.id for t in plan.tensors if t.region == "weights16"}
+        self._half = {p.tensor: self._persistent[copies[p.name]] for p in plan.params if p.name in copies}
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
-        self._scratch: dict[str, dict[int, object]] = {}
         for tid, value in initial_parameters(plan, seed).items():
             self._write(tid, value)
-        if not (np.isfinite(init_loss_scale) and init_loss_scale > 0):
-            raise ValueError(f"CudaExecutor(init_loss_scale): expected a finite number > 0, got {init_loss_scale!r}")
         self._upload_scalar("loss_scale", np.float32(init_loss_scale))
         self._refresh_half_weights()
 
@@ -129,23 +130,7 @@ class CudaExecutor(ExecutorBase):
             t = plan.tensor(plan.io["input"])
             views[t.id] = self._view(t, t.shape_in(variant)[:3] + (plan.arch.in_channels,))
             self._views[variant] = views
-            self._scratch[variant] = self._eval_argmax_scratch(variant, views)
         return self._views[variant]
-
-    def _eval_argmax_scratch(self, variant, views):
-        """Index buffers for maxpools the plan gives no argmax workspace (eval graphs), made once."""
-        scratch = {}
-        positions = layer_positions(self.plan)
-        for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
-            if op.direction != "forward":
-                continue
-            layer = self.plan.arch.layers[op.layer]
-            for position, prim in zip(positions[op.layer], layer.sub or (layer,)):
-                tag = f"{position}:" if layer.sub else ""
-                if prim.kind == "maxpool" and op.written(tag + "argmax") is None:
-                    tid = op.written(tag + "y")
-                    scratch[tid] = cuda.device_array(views[tid].shape, np.int32)
-        return scratch
 
     # ---- memory accessors ------------------------------------------------------------------------------
     def _read(self, tid):
@@ -192,8 +177,8 @@ class CudaExecutor(ExecutorBase):
         key = (variant, purpose)
         if key not in self._runners:
             views = self._variant_views(variant)
-            ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self._scratch[variant],
-                              self.seed, self.loss.smoothing, self.optimizer)
+            ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
+                              self.loss.smoothing, self.optimizer)
             tape = LaunchTape()
             for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
                 if purpose != "forward" or op.direction == "forward":

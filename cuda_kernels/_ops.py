@@ -67,7 +67,6 @@ class StepContext:
     half: dict             # parameter tensor id -> its fp16 copy
     scalars: dict          # scalar name -> 1-element device view
     regions: dict          # "params", "grads", "optim", "weights16" -> flat device views
-    scratch: dict          # eval-graph argmax buffers the plan does not hold: output tensor id -> view
     seed: int
     smoothing: float
     optimizer: object
@@ -192,10 +191,8 @@ def _forward_primitive(launcher, ov, step, mode):
     elif kind == "flatten":
         _elementwise.accumulate_into(launcher, y, x.reshape(y.shape), False)
     elif kind == "maxpool":
-        argmax = ov.written(ov.tag(step.position) + "argmax")
-        if argmax is None:
-            argmax = ov.ctx.scratch[ov.op.written(ov.tag(step.position) + "y")]
-        _pool.maxpool_forward(launcher, x, y, argmax, prim.param("kernel"), prim.param("stride"), prim.param("padding"))
+        _pool.maxpool_forward(launcher, x, y, ov.written(ov.tag(step.position) + "argmax"), prim.param("kernel"),
+                              prim.param("stride"), prim.param("padding"))
     elif kind == "avgpool":
         _pool.avgpool_forward(launcher, x, y, prim.param("kernel"), prim.param("stride"), prim.param("padding"))
     elif kind == "channel_pad":
