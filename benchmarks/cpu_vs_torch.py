@@ -1,15 +1,22 @@
 """CPU training-step speed: blueprint-nn's CpuExecutor against PyTorch, side by side in one run.
 
-Same machine, same thread count (numba's and torch's), same shapes, same weights; each
-figure is the median of `--repeats` timed calls after warm-up. Ratios are ours / PyTorch
-(lower is better; < 1 means we are faster). PyTorch runs channels_last for the CNNs.
+Same process, same thread count (numba's, the BLAS libraries' and torch's), same shapes, same
+weights. The two are timed in turn, ours then PyTorch's, `--repeats` times after a warm-up,
+so that a machine whose speed drifts (a shared one) slows both alike; the times are medians
+and the ratio is the median of the pairwise ratios ours / PyTorch's (lower is better; < 1
+means we are faster).
+PyTorch runs its CNNs in channels_last, the layout we compute in. Before timing, each case
+checks that both give the same eval logits from the same weights.
 
-    python benchmarks/cpu_vs_torch.py [--threads 2] [--repeats 5] [--only mlp,resnet20,resnet50]
+    python benchmarks/cpu_vs_torch.py [--threads 2] [--repeats 7] [--only mlp,resnet20,resnet50]
+
+Prints a Markdown table (README's "CPU performance" section is its output).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import time
@@ -17,45 +24,39 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def _median_seconds(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+#: The targets of the CPU-path issue: our step time / PyTorch's, or None (reported only).
+CASES = [
+    # (name, zoo model, torch model, input (N, H, W, C), what is timed, target ratio)
+    ("mlp 784-1024-512-256-10, batch 128, train step", "mlp", "mlp", (128, 1, 1, 784), "train", 1.2),
+    ("resnet20, batch 128, 32x32x3, train step", "resnet20", "resnet20", (128, 32, 32, 3), "train", 1.5),
+    ("resnet50, batch 8, 224x224x3, forward (eval)", "resnet50", "resnet50", (8, 224, 224, 3), "forward", None),
+]
+MLP_SIZES = [784, 1024, 512, 256, 10]
 
 
-def cases():
-    """(name, our blueprint factory, torch model factory, input (N, H, W, C), what is timed)."""
-    import torch_models
-    from blueprint import zoo
-    return [
-        ("mlp 784-1024-512-256-10, batch 128, train step", lambda: zoo.mlp([784, 1024, 512, 256, 10]),
-         lambda: torch_models.mlp([784, 1024, 512, 256, 10]), (128, 1, 1, 784), "train"),
-        ("resnet20, batch 128, 32x32, train step", zoo.resnet20, torch_models.resnet20, (128, 32, 32, 3), "train"),
-        ("resnet50, batch 8, 224x224, forward (eval)", zoo.resnet50, torch_models.resnet50, (8, 224, 224, 3), "forward"),
-    ]
+def _limit_threads_before_imports(threads: int) -> None:
+    """BLAS libraries read their thread count when they load: set it before numpy and torch do."""
+    for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[name] = str(threads)
 
 
-def run_case(name, make_bp, make_torch, shape, what, repeats, threads):
+def _build(model, torch_model, shape, what):
     import numpy as np
     import torch
-    import torch.nn.functional as F
 
+    import torch_models
+    from blueprint import zoo
     from blueprint.optim import SGD
     from cpu_ref import CpuExecutor
     from planner import ArchPlan
     from planner.compiler import Compiler
 
+    bp = zoo.mlp(MLP_SIZES) if model == "mlp" else getattr(zoo, model)()
+    net = torch_models.mlp(MLP_SIZES) if torch_model == "mlp" else getattr(torch_models, torch_model)()
     n, h, w, c = shape
-    plan = Compiler(ArchPlan.from_blueprint(make_bp(), in_channels=c)).compile(
-        {"train": shape, "eval": shape}, training=what == "train")
+    plan = Compiler(ArchPlan.from_blueprint(bp, in_channels=c)).compile(
+        {"train": shape, "eval": shape}, training=what == "train", optimizer_state_slots=1)
     ours = CpuExecutor(plan, optimizer=SGD().lr(0.01).momentum(0.9))
-    net = make_torch()
     net.load_state_dict({k: torch.tensor(v) for k, v in ours.state_dict().items()})
     flat = isinstance(net, torch.nn.Sequential)
     if not flat:
@@ -65,62 +66,70 @@ def run_case(name, make_bp, make_torch, shape, what, repeats, threads):
     y = rng.integers(0, plan.value_shapes["eval"][plan.arch.output_value][1], n)
     xt = torch.tensor(x).reshape(n, -1) if flat else torch.tensor(x).permute(0, 3, 1, 2)  # NHWC memory = channels_last
     yt = torch.tensor(y)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-
-    if what == "train":
-        net.train()
-
-        def torch_step():
-            optimizer.zero_grad(set_to_none=False)
-            F.cross_entropy(net(xt), yt).backward()
-            optimizer.step()
-
-        def our_step():
-            ours.train_step(x, y, 0.01)
-    else:
-        net.eval()
-
-        def torch_step():
-            with torch.no_grad():
-                net(xt)
-
-        def our_step():
-            ours.forward(x)
 
     # correctness first: the same weights give the same eval logits
     net.eval()
     with torch.no_grad():
         expected = net(xt).numpy()
-    got = ours.forward(x)
-    error = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-6))
+    error = float(np.abs(ours.forward(x) - expected).max() / max(np.abs(expected).max(), 1e-6))
     if error > 1e-3:
-        raise AssertionError(f"{name}: logits differ from PyTorch's (relative error {error:.2e}); timing skipped")
-    if what == "train":
-        net.train()
-    ours_s = _median_seconds(our_step, repeats)
-    torch_s = _median_seconds(torch_step, repeats)
-    return ours_s, torch_s
+        raise AssertionError(f"{model}: logits differ from PyTorch's (relative error {error:.2e}); timing skipped")
+
+    if what == "forward":
+        def torch_step():
+            with torch.no_grad():
+                net(xt)
+        return (lambda: ours.forward(x)), torch_step
+
+    net.train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+    def torch_step():
+        optimizer.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(net(xt), yt).backward()
+        optimizer.step()
+
+    return (lambda: ours.train_step(x, y, 0.01)), torch_step
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_side_by_side(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float, float]:
+    """Median seconds of each, timed alternately, and the median of the pairwise ratios."""
+    for _ in range(warmup):
+        ours(), theirs()
+    pairs = [(_seconds(ours), _seconds(theirs)) for _ in range(repeats)]
+    return (statistics.median(o for o, _ in pairs), statistics.median(t for _, t in pairs),
+            statistics.median(o / t for o, t in pairs))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--only", default="", help="comma-separated substrings of case names")
     args = parser.parse_args(argv)
+    _limit_threads_before_imports(args.threads)
+    import torch   # before cpu_ref, so that torch's OpenMP keeps its own defaults (cpu_ref makes numba's passive)
     import numba
-    import torch
-    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(args.threads)
     torch.set_num_threads(args.threads)
-    rows = []
-    for case in cases():
-        if args.only and not any(part in case[0] for part in args.only.split(",")):
+
+    print("| case | ours (ms) | PyTorch (ms) | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    for name, model, torch_model, shape, what, target in CASES:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
-        ours_s, torch_s = run_case(*case, repeats=args.repeats, threads=args.threads)
-        rows.append((case[0], ours_s, torch_s))
-        print(f"{case[0]:<48} ours {ours_s * 1e3:9.1f} ms   torch {torch_s * 1e3:9.1f} ms   ratio {ours_s / torch_s:5.2f}",
-              flush=True)
-    print(f"\nthreads={args.threads} (numba and torch), torch {torch.__version__}, median of {args.repeats}")
+        ours_s, torch_s, ratio = time_side_by_side(*_build(model, torch_model, shape, what), repeats=args.repeats)
+        verdict = "-" if target is None else f"<= {target} ({'met' if ratio <= target else 'NOT met'})"
+        print(f"| {name} | {ours_s * 1e3:.1f} | {torch_s * 1e3:.1f} | {ratio:.2f} | {verdict} |", flush=True)
+    print(f"\n{args.threads} thread(s) for numba, BLAS and torch {torch.__version__}; medians of {args.repeats} "
+          f"alternating runs; {platform.machine()}, {os.cpu_count()} CPUs, load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())} (this run included)")
     return 0
 
 

@@ -17,7 +17,7 @@ from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
 from blueprint.task.data import Augment, cifar10, digits, synthetic
 
-DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 20, "batch_size": 32, "seed": 0}
+DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 32, "seed": 0}
 DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
 AUGMENT = {"digits": None, "cifar10": Augment(crop_padding=4, hflip=True), "synthetic": None}
 

@@ -4,14 +4,14 @@ The backward reads ``saved``: the *output* for the codes in ``ACTIVATION_SAVES_O
 (their derivative is a function of it, so the input need not be kept), the *input*
 otherwise. GELU is the exact erf form (PyTorch's default). Each activation is a pair of
 scalar functions, ``f(x, alpha)`` and ``grad(saved, dy, alpha) -> dx``; the kernels
-apply one over a worker's span in a loop of its own, so that the loop vectorises.
+apply one over a span in a loop of its own, so that the loop vectorises.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
-from cpu_ref._misc import flat, partition, workers_for
+from cpu_ref._misc import flat, partition, run_split
 
 RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
 ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
@@ -110,7 +110,9 @@ def _gelu_grad(x, g, alpha):
 
 
 @njit(cache=True)
-def _forward_span(code, x, y, alpha):
+def _forward_span(code, x, y, alpha, t, nparts):
+    lo, hi = partition(x.size, t, nparts)
+    x, y = x[lo:hi], y[lo:hi]
     n = x.size
     if code == RELU:
         for i in range(n):
@@ -139,7 +141,9 @@ def _forward_span(code, x, y, alpha):
 
 
 @njit(cache=True)
-def _backward_span(code, s, dy, dx, alpha, accumulate):
+def _backward_span(code, s, dy, dx, alpha, accumulate, t, nparts):
+    lo, hi = partition(dy.size, t, nparts)
+    s, dy, dx = s[lo:hi], dy[lo:hi], dx[lo:hi]
     n = dy.size
     if code == RELU:
         for i in range(n):
@@ -168,25 +172,24 @@ def _backward_span(code, s, dy, dx, alpha, accumulate):
 
 
 @njit(cache=True, parallel=True)
-def _activation_forward(code, x, y, alpha, nworkers):
-    for t in prange(nworkers):
-        lo, hi = partition(x.size, t, nworkers)
-        _forward_span(code, x[lo:hi], y[lo:hi], alpha)
+def _forward_parallel(code, x, y, alpha, nparts):
+    for t in prange(nparts):
+        _forward_span(code, x, y, alpha, t, nparts)
 
 
 @njit(cache=True, parallel=True)
-def _activation_backward(code, saved, dy, dx, alpha, accumulate, nworkers):
-    for t in prange(nworkers):
-        lo, hi = partition(dy.size, t, nworkers)
-        _backward_span(code, saved[lo:hi], dy[lo:hi], dx[lo:hi], alpha, accumulate)
+def _backward_parallel(code, saved, dy, dx, alpha, accumulate, nparts):
+    for t in prange(nparts):
+        _backward_span(code, saved, dy, dx, alpha, accumulate, t, nparts)
 
 
 def activation_forward(code, x, y, alpha):
     """``y = act(x)``; ``alpha`` is the leaky_relu slope (ignored otherwise)."""
-    _activation_forward(code, flat(x), flat(y), np.float32(alpha), workers_for(x.size))
+    run_split(_forward_span, _forward_parallel, x.size, code, flat(x), flat(y), np.float32(alpha))
 
 
 def activation_backward(code, saved, dy, dx, alpha, accumulate):
     if dx is None:
         return
-    _activation_backward(code, flat(saved), flat(dy), flat(dx), np.float32(alpha), accumulate, workers_for(dy.size))
+    run_split(_backward_span, _backward_parallel, dy.size, code, flat(saved), flat(dy), flat(dx), np.float32(alpha),
+              accumulate)

@@ -3,28 +3,37 @@
 Three algorithms, chosen from the shapes:
 - general: im2col of a chunk of output rows into the worker's slice of ``col``, then one
   BLAS GEMM per chunk (and group). A chunk is sized to stay in L2, so the im2col matrix
-  never makes a round trip through memory.
+  never makes a round trip through memory. Forward and backward walk the chunks with the
+  same loop (``_gemm_span``); per chunk the forward does ``y = col @ W.T``, the backward
+  ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
 
-Parallelism: ``prange`` over ``nworkers`` static partitions, each calling a
-single-threaded BLAS (numba's ``np.dot`` uses SciPy's BLAS; several threads calling a
-multi-threaded OpenBLAS at once serialise badly, so the wrappers pin it to one thread for
-the duration of a call). The backward pass partitions by *sample*, so that the col2im
-scatter of two workers never touches the same ``dx`` element, and sums per-worker weight
-gradients in a fixed order: results are deterministic for a given thread count.
+Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
+small convolutions run the partitions one after another, larger ones on the thread pool
+(``prange``). Either way every GEMM runs on a single-threaded BLAS
+(numba's ``np.dot`` uses SciPy's BLAS; several threads calling a multi-threaded OpenBLAS at
+once serialise badly, and a second thread pool spinning next to numba's costs more than it
+gives), so the wrappers pin it to one thread for the duration of a call. The backward pass
+partitions by *sample*, so that the col2im scatter of two workers never touches the same
+``dx`` element, and sums per-worker weight gradients in a fixed order: results are
+deterministic for a given thread count.
 """
 import contextlib
 import ctypes
 import glob
 import os
 
-import numba
 import numpy as np
 from numba import njit, prange, uint64
 
+from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
+
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
 COL_CHUNK_BYTES = 1 << 19
+#: Multiply-adds a GEMM does in the time an elementwise kernel handles one element: converts
+#: a convolution's work into the element count the parallel threshold is stated in.
+MACS_PER_ELEMENT = 16
 
 
 # ---------------------------------------------------------------------------- BLAS threads
@@ -62,11 +71,12 @@ def _blas_pinned_to_one_thread():
         set_(previous)
 
 
-def _parallel_workers():
-    """Worker count for a GEMM kernel, and the context its BLAS calls must run in."""
-    if _BLAS_THREADS is None:  # cannot pin BLAS threads: one worker, BLAS parallelises itself
+def _gemm_partitions(units):
+    """Partition count for a GEMM kernel over ``units`` rows or samples, and the context its
+    BLAS calls must run in."""
+    if _BLAS_THREADS is None:  # cannot pin BLAS threads: one partition, BLAS parallelises itself
         return 1, contextlib.nullcontext()
-    return numba.get_num_threads(), _blas_pinned_to_one_thread()
+    return partitions(units), _blas_pinned_to_one_thread()
 
 
 def _chunk_rows(rows_per_worker, row_len):
@@ -163,172 +173,165 @@ def _col2im_rows(colf, dxf, h, w, c, r0, r1, c0, cg, oh_, ow_, kh, kw, s, p):
 
 # ---------------------------------------------------------------------------- general: im2col + GEMM
 
-@njit(cache=True, parallel=True)
-def _conv_forward_gemm(x, w2d, y2d, s, p, groups, kh, kw, colf, chunk, nworkers):
+@njit(cache=True)
+def _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t, nparts):
+    """Partition ``t`` of the output rows (forward) or of the samples (backward), chunk by
+    chunk in its own ``chunk*KD`` slice of ``colf``.
+
+    Forward: writes ``ymat`` (the output as ``(rows, Cout)``). Backward: reads ``ymat`` as
+    ``dy``, adds the rows' weight gradient into ``dwt_parts[t]`` (``(KD, Cout)``: dW
+    transposed, as ``col.T @ dy`` is the faster GEMM) and, when ``want_dx``, writes (or with
+    ``accumulate`` adds into) ``dx`` of its samples.
+    """
     n_, h, w, c = x.shape
     oh_, ow_ = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
-    cg = c // groups
-    kg = w2d.shape[0] // groups
-    kd = kh * kw * cg
-    rows = n_ * oh_ * ow_
-    per = (rows + nworkers - 1) // nworkers
+    cout, kd = w2d.shape
+    cg = kd // (kh * kw)
+    groups = c // cg
+    kg = cout // groups
+    rows_per_unit = oh_ * ow_ if backward else 1
+    lo, hi = partition(ymat.shape[0] // rows_per_unit, t, nparts)
+    r0, r1 = lo * rows_per_unit, hi * rows_per_unit
     xf = x.reshape(-1)
-    for t in prange(nworkers):
-        cw = colf[t * chunk * kd:(t + 1) * chunk * kd]
-        cmat = cw.reshape(chunk, kd)
-        yg = np.empty((chunk if groups > 1 else 0, kg), np.float32)
-        hi = min(rows, (t + 1) * per)
-        for r0 in range(t * per, hi, chunk):
-            r1 = min(hi, r0 + chunk)
-            m = r1 - r0
-            for g in range(groups):
-                _im2col_rows(xf, h, w, c, cw, r0, r1, g * cg, cg, oh_, ow_, kh, kw, s, p)
-                wg = w2d[g * kg:(g + 1) * kg]
-                if groups == 1:
-                    np.dot(cmat[:m], wg.T, y2d[r0:r1])
-                else:
-                    np.dot(cmat[:m], wg.T, yg[:m])
-                    y2d[r0:r1, g * kg:(g + 1) * kg] = yg[:m]
+    cw = colf[t * chunk * kd:(t + 1) * chunk * kd]
+    cmat = cw.reshape(chunk, kd)
+    group_rows = np.empty((chunk if groups > 1 else 0, kg), np.float32)   # a group's columns of y / dy
+    dwt_group = np.empty((kd if backward else 0, kg), np.float32)
+    dwt = dwt_parts[t]
+    dxf = dx.reshape(-1)
+    if backward and want_dx and not accumulate:
+        for e in range(lo * h * w * c, hi * h * w * c):
+            dxf[e] = 0.0
+    for c0 in range(r0, r1, chunk):
+        c1 = min(r1, c0 + chunk)
+        m = c1 - c0
+        for g in range(groups):
+            _im2col_rows(xf, h, w, c, cw, c0, c1, g * cg, cg, oh_, ow_, kh, kw, s, p)
+            wg = w2d[g * kg:(g + 1) * kg]
+            rows = ymat[c0:c1] if groups == 1 else group_rows[:m]
+            if not backward:
+                np.dot(cmat[:m], wg.T, rows)
+                if groups > 1:
+                    for r in range(m):
+                        for o in range(kg):
+                            ymat[c0 + r, g * kg + o] = rows[r, o]
+                continue
+            if groups > 1:
+                for r in range(m):
+                    for o in range(kg):
+                        rows[r, o] = ymat[c0 + r, g * kg + o]
+            np.dot(cmat[:m].T, rows, dwt_group)
+            for i in range(kd):
+                for o in range(kg):
+                    dwt[i, g * kg + o] += dwt_group[i, o]
+            if want_dx:
+                np.dot(rows, wg, cmat[:m])
+                _col2im_rows(cw, dxf, h, w, c, c0, c1, g * cg, cg, oh_, ow_, kh, kw, s, p)
 
 
 @njit(cache=True, parallel=True)
-def _conv_backward_gemm(x, w2d, dy2d, dx, dw2d, s, p, groups, kh, kw, colf, chunk, nworkers, accumulate):
-    n_, h, w, c = x.shape
-    oh_, ow_ = (h + 2 * p - kh) // s + 1, (w + 2 * p - kw) // s + 1
-    cg = c // groups
-    kg = w2d.shape[0] // groups
-    kd = kh * kw * cg
-    per_n = (n_ + nworkers - 1) // nworkers
-    xf = x.reshape(-1)
-    dwt_parts = np.zeros((nworkers, kd, kg * groups), np.float32)   # dw transposed: col.T @ dy is the faster GEMM
-    for t in prange(nworkers):
-        n0, n1 = min(n_, t * per_n), min(n_, (t + 1) * per_n)
-        cw = colf[t * chunk * kd:(t + 1) * chunk * kd]
-        cmat = cw.reshape(chunk, kd)
-        dyg = np.empty((chunk if groups > 1 else 0, kg), np.float32)
-        dwtg = np.empty((kd, kg), np.float32)
-        if dx is not None:
-            dxf = dx.reshape(-1)
-            if not accumulate:
-                dxf[n0 * h * w * c:n1 * h * w * c] = 0.0
-        hi = n1 * oh_ * ow_
-        for r0 in range(n0 * oh_ * ow_, hi, chunk):
-            r1 = min(hi, r0 + chunk)
-            m = r1 - r0
-            for g in range(groups):
-                _im2col_rows(xf, h, w, c, cw, r0, r1, g * cg, cg, oh_, ow_, kh, kw, s, p)
-                if groups == 1:
-                    dy_rows = dy2d[r0:r1]
-                else:
-                    dyg[:m] = dy2d[r0:r1, g * kg:(g + 1) * kg]
-                    dy_rows = dyg[:m]
-                np.dot(cmat[:m].T, dy_rows, dwtg)
-                dwt_parts[t, :, g * kg:(g + 1) * kg] += dwtg
-                if dx is not None:
-                    np.dot(dy_rows, w2d[g * kg:(g + 1) * kg], cmat[:m])
-                    _col2im_rows(cw, dxf, h, w, c, r0, r1, g * cg, cg, oh_, ow_, kh, kw, s, p)
-    for t in range(1, nworkers):
-        dwt_parts[0] += dwt_parts[t]
-    dw2d[:] = dwt_parts[0].T
+def _gemm_parallel(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, nparts):
+    for t in prange(nparts):
+        _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t, nparts)
 
 
 # ---------------------------------------------------------------------------- pointwise: the input is the matrix
 
-@njit(cache=True, parallel=True)
-def _pointwise_forward(x2d, w2d, y2d, nworkers):
-    rows = x2d.shape[0]
-    per = (rows + nworkers - 1) // nworkers
-    for t in prange(nworkers):
-        lo, hi = min(rows, t * per), min(rows, (t + 1) * per)
-        if hi > lo:
-            np.dot(x2d[lo:hi], w2d.T, y2d[lo:hi])
+@njit(cache=True)
+def _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, t, nparts):
+    """Partition ``t`` of the rows. Forward: ``y = x @ W.T``. Backward: ``dw_parts[t] = dy.T @ x``
+    and ``dx = dy @ W`` (``accumulate``: added, through a ``chunk``-row buffer)."""
+    r0, r1 = partition(x2d.shape[0], t, nparts)
+    if r1 == r0:
+        return
+    if not backward:
+        np.dot(x2d[r0:r1], w2d.T, ymat[r0:r1])
+        return
+    np.dot(ymat[r0:r1].T, x2d[r0:r1], dw_parts[t])
+    if not want_dx:
+        return
+    if not accumulate:
+        np.dot(ymat[r0:r1], w2d, dx2d[r0:r1])
+        return
+    tmp = np.empty((chunk, dx2d.shape[1]), np.float32)
+    for c0 in range(r0, r1, chunk):
+        c1 = min(r1, c0 + chunk)
+        np.dot(ymat[c0:c1], w2d, tmp[:c1 - c0])
+        for r in range(c1 - c0):
+            for i in range(dx2d.shape[1]):
+                dx2d[c0 + r, i] += tmp[r, i]
 
 
 @njit(cache=True, parallel=True)
-def _pointwise_backward(x2d, w2d, dy2d, dx2d, dw2d, chunk, nworkers, accumulate):
-    rows = x2d.shape[0]
-    per = (rows + nworkers - 1) // nworkers
-    dw_parts = np.zeros((nworkers,) + dw2d.shape, np.float32)
-    for t in prange(nworkers):
-        lo, hi = min(rows, t * per), min(rows, (t + 1) * per)
-        if hi > lo:
-            np.dot(dy2d[lo:hi].T, x2d[lo:hi], dw_parts[t])
-        if dx2d is not None:
-            if not accumulate:
-                if hi > lo:
-                    np.dot(dy2d[lo:hi], w2d, dx2d[lo:hi])
-            else:
-                tmp = np.empty((chunk, dx2d.shape[1]), np.float32)
-                for r0 in range(lo, hi, chunk):
-                    r1 = min(hi, r0 + chunk)
-                    np.dot(dy2d[r0:r1], w2d, tmp[:r1 - r0])
-                    dx2d[r0:r1] += tmp[:r1 - r0]
-    dw2d[:] = dw_parts[0]
-    for t in range(1, nworkers):
-        dw2d += dw_parts[t]
+def _pointwise_parallel(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, nparts):
+    for t in prange(nparts):
+        _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, t, nparts)
 
 
 # ---------------------------------------------------------------------------- depthwise: a direct loop
 
-@njit(cache=True, parallel=True)
-def _depthwise_forward(x, wt, y, s, p):
-    """``wt`` is the weight as ``(KH, KW, C)``."""
-    n_, h, w, c = x.shape
-    _, oh_, ow_, _ = y.shape
+@njit(cache=True)
+def _depthwise_forward_span(x, wt, y, s, p, t, nparts):
+    """Partition ``t`` of the output rows ``r = n*OH + oh``; ``wt`` is the weight as ``(KH, KW, C)``."""
+    _, h, w, c = x.shape
+    n_, oh_, ow_, _ = y.shape
     kh, kw, _ = wt.shape
-    for row in prange(n_ * oh_):
-        n, oh = row // oh_, row % oh_
+    r0, r1 = partition(n_ * oh_, t, nparts)
+    for r in range(r0, r1):
+        n, oh = r // oh_, r % oh_
+        ilo, ihi = window(oh, kh, s, p, h)
         for ow in range(ow_):
+            jlo, jhi = window(ow, kw, s, p, w)
             out = y[n, oh, ow]
             out[:] = 0.0
-            for i in range(kh):
-                ih = oh * s - p + i
-                if ih < 0 or ih >= h:
-                    continue
-                for j in range(kw):
-                    iw = ow * s - p + j
-                    if 0 <= iw < w:
-                        xin = x[n, ih, iw]
-                        wij = wt[i, j]
-                        for ch in range(c):
-                            out[ch] += xin[ch] * wij[ch]
+            for i in range(ilo, ihi):
+                for j in range(jlo, jhi):
+                    xin = x[n, oh * s - p + i, ow * s - p + j]
+                    wij = wt[i, j]
+                    for ch in range(c):
+                        out[ch] += xin[ch] * wij[ch]
 
 
 @njit(cache=True, parallel=True)
-def _depthwise_backward(x, wt, dy, dx, dwt, s, p, nworkers, accumulate):
+def _depthwise_forward_parallel(x, wt, y, s, p, nparts):
+    for t in prange(nparts):
+        _depthwise_forward_span(x, wt, y, s, p, t, nparts)
+
+
+@njit(cache=True)
+def _depthwise_backward_span(x, wt, dy, dx, dwt_parts, s, p, want_dx, accumulate, t, nparts):
+    """Partition ``t`` of the samples: their weight gradient into ``dwt_parts[t]``, their ``dx``."""
     n_, h, w, c = x.shape
     _, oh_, ow_, _ = dy.shape
     kh, kw, _ = wt.shape
-    per_n = (n_ + nworkers - 1) // nworkers
-    dw_parts = np.zeros((nworkers, kh, kw, c), np.float32)
-    for t in prange(nworkers):
-        n0, n1 = min(n_, t * per_n), min(n_, (t + 1) * per_n)
-        dwp = dw_parts[t]
-        if dx is not None and not accumulate:
-            dx[n0:n1] = 0.0
-        for n in range(n0, n1):
-            for oh in range(oh_):
-                for ow in range(ow_):
-                    g = dy[n, oh, ow]
-                    for i in range(kh):
-                        ih = oh * s - p + i
-                        if ih < 0 or ih >= h:
-                            continue
-                        for j in range(kw):
-                            iw = ow * s - p + j
-                            if 0 <= iw < w:
-                                xin = x[n, ih, iw]
-                                dwij = dwp[i, j]
-                                for ch in range(c):
-                                    dwij[ch] += g[ch] * xin[ch]
-                                if dx is not None:
-                                    dxin = dx[n, ih, iw]
-                                    wij = wt[i, j]
-                                    for ch in range(c):
-                                        dxin[ch] += g[ch] * wij[ch]
-    dwt[:] = dw_parts[0]
-    for t in range(1, nworkers):
-        dwt += dw_parts[t]
+    lo, hi = partition(n_, t, nparts)
+    dwt = dwt_parts[t]
+    if want_dx and not accumulate:
+        dx[lo:hi] = 0.0
+    for n in range(lo, hi):
+        for oh in range(oh_):
+            ilo, ihi = window(oh, kh, s, p, h)
+            for ow in range(ow_):
+                jlo, jhi = window(ow, kw, s, p, w)
+                g = dy[n, oh, ow]
+                for i in range(ilo, ihi):
+                    for j in range(jlo, jhi):
+                        ih, iw = oh * s - p + i, ow * s - p + j
+                        xin = x[n, ih, iw]
+                        dwij = dwt[i, j]
+                        for ch in range(c):
+                            dwij[ch] += g[ch] * xin[ch]
+                        if want_dx:
+                            dxin = dx[n, ih, iw]
+                            wij = wt[i, j]
+                            for ch in range(c):
+                                dxin[ch] += g[ch] * wij[ch]
+
+
+@njit(cache=True, parallel=True)
+def _depthwise_backward_parallel(x, wt, dy, dx, dwt_parts, s, p, want_dx, accumulate, nparts):
+    for t in prange(nparts):
+        _depthwise_backward_span(x, wt, dy, dx, dwt_parts, s, p, want_dx, accumulate, t, nparts)
 
 
 # ---------------------------------------------------------------------------- the contract's entry points
@@ -351,44 +354,80 @@ def _col_flat(col, x, w, stride, pad, groups):
     return col.reshape(-1)
 
 
+# stand for a missing dx, so that a kernel compiles one signature, not one with dx and one with None
+_NO_DX = np.zeros((0, 0, 0, 0), np.float32)
+_NO_DX_2D = np.zeros((0, 0), np.float32)
+
+
+def _depthwise_weight(w):
+    return np.ascontiguousarray(w[:, :, :, 0].transpose(1, 2, 0))
+
+
+def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate):
+    """The general algorithm, forward or backward; returns dW transposed ``(KD, Cout)`` when ``backward``."""
+    cout, kh, kw, cg = w.shape
+    kd = kh * kw * cg
+    colf = _col_flat(col, x, w, stride, pad, x.shape[3] // cg)
+    rows = ymat.shape[0]
+    nparts, blas_context = _gemm_partitions(x.shape[0] if backward else rows)
+    chunk = _chunk_rows(rows // nparts, kd)
+    dwt_parts = np.zeros((nparts, kd if backward else 0, cout), np.float32)
+    want_dx = dx is not None
+    with blas_context:
+        run_partitioned(_gemm_span, _gemm_parallel, nparts, rows * kd * cout // MACS_PER_ELEMENT, x,
+                        w.reshape(cout, kd), ymat, dx if want_dx else _NO_DX, dwt_parts, stride, pad, kh, kw, colf,
+                        chunk, backward, want_dx, accumulate)
+    return dwt_parts.sum(axis=0) if backward else None
+
+
+def _run_pointwise(x, w, ymat, dx, backward, accumulate):
+    """Forward or backward of the pointwise case; returns dW ``(Cout, Cin)`` when ``backward``."""
+    cout, cin = w.shape[0], x.shape[3]
+    x2d = x.reshape(-1, cin)
+    rows = x2d.shape[0]
+    nparts, blas_context = _gemm_partitions(rows)
+    dw_parts = np.zeros((nparts, cout if backward else 0, cin), np.float32)
+    want_dx = dx is not None
+    with blas_context:
+        run_partitioned(_pointwise_span, _pointwise_parallel, nparts, rows * cin * cout // MACS_PER_ELEMENT, x2d,
+                        w.reshape(cout, cin), ymat, dx.reshape(-1, cin) if want_dx else _NO_DX_2D, dw_parts,
+                        _chunk_rows(rows, cin), backward, want_dx, accumulate)
+    return dw_parts.sum(axis=0) if backward else None
+
+
+def _run_depthwise_forward(x, w, y, stride, pad):
+    run_split(_depthwise_forward_span, _depthwise_forward_parallel, y.size * w.shape[1] * w.shape[2], x,
+              _depthwise_weight(w), y, stride, pad)
+
+
+def _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate):
+    """Writes ``dx``; returns dW as ``(KH, KW, C)``."""
+    cout, kh, kw, _ = w.shape
+    nparts = partitions(x.shape[0])
+    dwt_parts = np.zeros((nparts, kh, kw, cout), np.float32)
+    want_dx = dx is not None
+    run_partitioned(_depthwise_backward_span, _depthwise_backward_parallel, nparts, dy.size * kh * kw, x,
+                    _depthwise_weight(w), dy, dx if want_dx else _NO_DX, dwt_parts, stride, pad, want_dx, accumulate)
+    return dwt_parts.sum(axis=0)
+
+
 def conv2d_forward(x, w, y, stride, pad, groups, col):
     """``y = conv2d(x, w)``; x ``(N,H,W,Cin)``, w ``(Cout,KH,KW,Cin//groups)``, y ``(N,OH,OW,Cout)``."""
-    cout, kh, kw, cg = w.shape
+    cout = w.shape[0]
     if _is_depthwise(x, w, groups):
-        _depthwise_forward(x, np.ascontiguousarray(w[:, :, :, 0].transpose(1, 2, 0)), y, stride, pad)
-        return
-    nworkers, blas_context = _parallel_workers()
-    with blas_context:
-        if _is_pointwise(w, stride, pad, groups):
-            _pointwise_forward(x.reshape(-1, x.shape[3]), w.reshape(cout, -1), y.reshape(-1, cout), nworkers)
-            return
-        colf = _col_flat(col, x, w, stride, pad, groups)
-        rows = y.size // cout
-        nworkers = min(nworkers, rows)
-        chunk = _chunk_rows(rows // nworkers, kh * kw * cg)
-        _conv_forward_gemm(x, w.reshape(cout, -1), y.reshape(-1, cout), stride, pad, groups, kh, kw, colf, chunk,
-                           nworkers)
+        _run_depthwise_forward(x, w, y, stride, pad)
+    elif _is_pointwise(w, stride, pad, groups):
+        _run_pointwise(x, w, y.reshape(-1, cout), None, False, False)
+    else:
+        _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False)
 
 
 def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate):
     """``dw`` (overwritten) and ``dx`` (overwritten, or added into when ``accumulate``; skipped when ``None``)."""
-    cout, kh, kw, cg = w.shape
-    nworkers, blas_context = _parallel_workers()
+    cout = w.shape[0]
     if _is_depthwise(x, w, groups):
-        dwt = np.empty((kh, kw, cout), np.float32)
-        _depthwise_backward(x, np.ascontiguousarray(w[:, :, :, 0].transpose(1, 2, 0)), dy, dx, dwt, stride, pad,
-                            min(nworkers, x.shape[0]), accumulate)
-        dw[:, :, :, 0] = dwt.transpose(2, 0, 1)
-        return
-    with blas_context:
-        if _is_pointwise(w, stride, pad, groups):
-            cin = x.shape[3]
-            _pointwise_backward(x.reshape(-1, cin), w.reshape(cout, -1), dy.reshape(-1, cout),
-                                None if dx is None else dx.reshape(-1, cin), dw.reshape(cout, -1),
-                                _chunk_rows(x.size // cin, cin), nworkers, accumulate)
-            return
-        colf = _col_flat(col, x, w, stride, pad, groups)
-        nworkers = min(nworkers, x.shape[0])
-        chunk = _chunk_rows(dy.size // cout // nworkers, kh * kw * cg)
-        _conv_backward_gemm(x, w.reshape(cout, -1), dy.reshape(-1, cout), dx, dw.reshape(cout, -1), stride, pad,
-                            groups, kh, kw, colf, chunk, nworkers, accumulate)
+        dw[:, :, :, 0] = _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate).transpose(2, 0, 1)
+    elif _is_pointwise(w, stride, pad, groups):
+        dw.reshape(cout, -1)[...] = _run_pointwise(x, w, dy.reshape(-1, cout), dx, True, accumulate)
+    else:
+        dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), dx, stride, pad, col, True, accumulate).T

@@ -12,7 +12,7 @@ vectors tiled ``B`` times (``_tiled``), and finish the leftover rows one by one.
 import numpy as np
 from numba import njit, prange
 
-from cpu_ref._misc import partition, workers_for
+from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 
 #: Elements per flat block (rounded down to whole rows).
 BLOCK_ELEMENTS = 256
@@ -26,54 +26,77 @@ def _tiled(v, c):
     return np.tile(np.asarray(v, np.float32), _rows_per_block(c))
 
 
-@njit(cache=True, parallel=True)
-def _channel_sums(a, b, rows_per_block, nworkers):
-    """Per channel ``(sum a, sum a*b)`` over rows, in float64; ``b is None`` means ``b = a``."""
-    m, c = a.shape
+@njit(cache=True)
+def _channel_sums_span(a, b, rows_per_block, s1, s2, t, nparts):
+    """Partition ``t``'s per-channel ``s1[t] = sum a`` and ``s2[t] = sum a*b`` over its rows, in float64."""
+    c = a.shape[1]
+    lo, hi = partition(a.shape[0], t, nparts)
     width = rows_per_block * c
-    s1 = np.zeros((nworkers, c))
-    s2 = np.zeros((nworkers, c))
-    for t in prange(nworkers):
-        lo, hi = partition(m, t, nworkers)
-        af = a[lo:hi].reshape(-1)
-        bf = af if b is None else b[lo:hi].reshape(-1)
-        acc1, acc2 = np.zeros(width), np.zeros(width)
-        full = (hi - lo) // rows_per_block * width
-        for start in range(0, full, width):
-            ab, bb = af[start:start + width], bf[start:start + width]
-            for e in range(width):
-                v = np.float64(ab[e])
-                acc1[e] += v
-                acc2[e] += v * bb[e]
-        for start in range(full, af.size, c):
-            ab, bb = af[start:start + c], bf[start:start + c]
-            for e in range(c):
-                v = np.float64(ab[e])
-                acc1[e] += v
-                acc2[e] += v * bb[e]
+    af, bf = a[lo:hi].reshape(-1), b[lo:hi].reshape(-1)
+    acc1, acc2 = np.zeros(width), np.zeros(width)
+    full = (hi - lo) // rows_per_block * width
+    for start in range(0, full, width):
+        ab, bb = af[start:start + width], bf[start:start + width]
+        for e in range(width):
+            v = np.float64(ab[e])
+            acc1[e] += v
+            acc2[e] += v * bb[e]
+    for start in range(full, af.size, c):
+        ab, bb = af[start:start + c], bf[start:start + c]
+        for e in range(c):
+            v = np.float64(ab[e])
+            acc1[e] += v
+            acc2[e] += v * bb[e]
+    for ch in range(c):
+        s1[t, ch] = 0.0
+        s2[t, ch] = 0.0
         for k in range(rows_per_block):
-            s1[t] += acc1[k * c:(k + 1) * c]
-            s2[t] += acc2[k * c:(k + 1) * c]
+            s1[t, ch] += acc1[k * c + ch]
+            s2[t, ch] += acc2[k * c + ch]
+
+
+@njit(cache=True, parallel=True)
+def _channel_sums_parallel(a, b, rows_per_block, s1, s2, nparts):
+    for t in prange(nparts):
+        _channel_sums_span(a, b, rows_per_block, s1, s2, t, nparts)
+
+
+def _channel_sums(a, b):
+    """Per channel ``(sum a, sum a*b)`` over the rows of ``(M, C)`` arrays, in float64; one
+    partial per partition, added in partition order."""
+    m, c = a.shape
+    nparts = partitions(m)
+    s1, s2 = np.empty((nparts, c)), np.empty((nparts, c))
+    run_partitioned(_channel_sums_span, _channel_sums_parallel, nparts, a.size, a, b, _rows_per_block(c), s1, s2)
     return s1.sum(axis=0), s2.sum(axis=0)
 
 
-@njit(cache=True, parallel=True)
-def _scale_shift(x2d, scale_t, shift_t, y2d, nworkers):
+@njit(cache=True)
+def _scale_shift_span(x2d, scale_t, shift_t, y2d, t, nparts):
     """``y = x * scale + shift`` per channel (``*_t``: the per-channel vectors tiled)."""
-    m, c = x2d.shape
+    lo, hi = partition(x2d.shape[0], t, nparts)
     width = scale_t.size
-    for t in prange(nworkers):
-        lo, hi = partition(m, t, nworkers)
-        xf, yf = x2d[lo:hi].reshape(-1), y2d[lo:hi].reshape(-1)
-        for start in range(0, xf.size, width):
-            xb, yb = xf[start:start + width], yf[start:start + width]
-            for e in range(xb.size):
-                yb[e] = xb[e] * scale_t[e] + shift_t[e]
+    xf, yf = x2d[lo:hi].reshape(-1), y2d[lo:hi].reshape(-1)
+    for start in range(0, xf.size, width):
+        xb, yb = xf[start:start + width], yf[start:start + width]
+        for e in range(xb.size):
+            yb[e] = xb[e] * scale_t[e] + shift_t[e]
+
+
+@njit(cache=True, parallel=True)
+def _scale_shift_parallel(x2d, scale_t, shift_t, y2d, nparts):
+    for t in prange(nparts):
+        _scale_shift_span(x2d, scale_t, shift_t, y2d, t, nparts)
+
+
+def _scale_shift(x2d, scale, shift, y2d):
+    c = x2d.shape[1]
+    run_split(_scale_shift_span, _scale_shift_parallel, x2d.size, x2d, _tiled(scale, c), _tiled(shift, c), y2d)
 
 
 def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var, momentum, eps):
     m, c = x2d.shape
-    total, total_sq = _channel_sums(x2d, None, _rows_per_block(c), workers_for(x2d.size))
+    total, total_sq = _channel_sums(x2d, x2d)
     mean = total / m
     var = np.maximum(total_sq / m - mean * mean, 0.0)
     invstd = 1.0 / np.sqrt(var + eps)
@@ -82,35 +105,37 @@ def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, runni
     running_mean[:] = (1 - momentum) * running_mean + momentum * mean
     running_var[:] = (1 - momentum) * running_var + momentum * (var * (m / max(m - 1, 1)))
     scale = (gamma * invstd).astype(np.float32)
-    _scale_shift(x2d, _tiled(scale, c), _tiled(beta - mean * scale, c), y2d, workers_for(x2d.size))
+    _scale_shift(x2d, scale, beta - mean * scale, y2d)
 
 
 def batchnorm_forward_eval(x2d, gamma, beta, running_mean, running_var, eps, y2d):
-    c = x2d.shape[1]
     scale = (gamma / np.sqrt(running_var.astype(np.float64) + eps)).astype(np.float32)
-    _scale_shift(x2d, _tiled(scale, c), _tiled(beta - running_mean * scale, c), y2d, workers_for(x2d.size))
+    _scale_shift(x2d, scale, beta - running_mean * scale, y2d)
+
+
+@njit(cache=True)
+def _batchnorm_dx_span(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, k_xhat_t, accumulate, t, nparts):
+    """``dx = k_dy*dy - k_mean - k_xhat*xhat`` per channel, ``xhat = (x - mean) * invstd``."""
+    lo, hi = partition(x2d.shape[0], t, nparts)
+    width = mean_t.size
+    xf, gf, df = x2d[lo:hi].reshape(-1), dy2d[lo:hi].reshape(-1), dx2d[lo:hi].reshape(-1)
+    for start in range(0, xf.size, width):
+        xb, gb, db = xf[start:start + width], gf[start:start + width], df[start:start + width]
+        for e in range(xb.size):
+            v = k_dy_t[e] * gb[e] - k_mean_t[e] - k_xhat_t[e] * ((xb[e] - mean_t[e]) * invstd_t[e])
+            db[e] = v + (db[e] if accumulate else np.float32(0.0))
 
 
 @njit(cache=True, parallel=True)
-def _batchnorm_dx(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, k_xhat_t, accumulate, nworkers):
-    """``dx = k_dy*dy - k_mean - k_xhat*xhat`` per channel, ``xhat = (x - mean) * invstd``."""
-    m, c = x2d.shape
-    width = mean_t.size
-    for t in prange(nworkers):
-        lo, hi = partition(m, t, nworkers)
-        xf, gf, df = x2d[lo:hi].reshape(-1), dy2d[lo:hi].reshape(-1), dx2d[lo:hi].reshape(-1)
-        for start in range(0, xf.size, width):
-            xb, gb, db = xf[start:start + width], gf[start:start + width], df[start:start + width]
-            for e in range(xb.size):
-                v = k_dy_t[e] * gb[e] - k_mean_t[e] - k_xhat_t[e] * ((xb[e] - mean_t[e]) * invstd_t[e])
-                db[e] = v + (db[e] if accumulate else np.float32(0.0))
+def _batchnorm_dx_parallel(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, k_xhat_t, accumulate, nparts):
+    for t in prange(nparts):
+        _batchnorm_dx_span(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, k_xhat_t, accumulate, t, nparts)
 
 
 def batchnorm_backward(x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):
     """``dx = gamma*invstd/M * (M*dy - sum(dy) - xhat*sum(dy*xhat))``; ``dgamma``, ``dbeta`` overwritten."""
     m, c = x2d.shape
-    nworkers = workers_for(x2d.size)
-    sum_dy, sum_dy_x = _channel_sums(dy2d, x2d, _rows_per_block(c), nworkers)
+    sum_dy, sum_dy_x = _channel_sums(dy2d, x2d)
     invstd = save_invstd.astype(np.float64)
     sum_dy_xhat = (sum_dy_x - save_mean * sum_dy) * invstd
     dbeta[:] = sum_dy
@@ -118,5 +143,6 @@ def batchnorm_backward(x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, d
     if dx2d is None:
         return
     k_dy = gamma * invstd
-    _batchnorm_dx(x2d, dy2d, dx2d, _tiled(save_mean, c), _tiled(save_invstd, c), _tiled(k_dy, c),
-                  _tiled(k_dy * sum_dy / m, c), _tiled(k_dy * sum_dy_xhat / m, c), accumulate, nworkers)
+    run_split(_batchnorm_dx_span, _batchnorm_dx_parallel, x2d.size, x2d, dy2d, dx2d, _tiled(save_mean, c),
+              _tiled(save_invstd, c), _tiled(k_dy, c), _tiled(k_dy * sum_dy / m, c), _tiled(k_dy * sum_dy_xhat / m, c),
+              accumulate)

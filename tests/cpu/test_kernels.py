@@ -6,7 +6,8 @@ One table (``PRIMITIVES``) of every primitive of docs/kernel-contract.md drives:
   be written), ``accumulate=True`` (input gradients added onto random values; parameter
   gradients still overwritten) and ``dx=None`` (parameter gradients still right),
 - the reference's gradients vs float64 central differences of the reference forward,
-each of the kernel checks both as one partition and split across the thread pool.
+each of the kernel checks both in the calling thread and on the thread pool, whose
+results must also be the same bits (the size threshold never changes how work is split).
 """
 from dataclasses import dataclass, field
 from typing import Callable
@@ -300,9 +301,9 @@ PRIMITIVES = [
 DIFFERENTIABLE = [prim for prim in PRIMITIVES if prim.ref_backward is not None]
 
 
-@pytest.fixture(params=["one_partition", "thread_pool"])
+@pytest.fixture(params=["calling_thread", "thread_pool"])
 def partitions(request, monkeypatch):
-    """Run each kernel check single-partition and split over the thread pool."""
+    """Run each kernel check in the calling thread and on the thread pool."""
     if request.param == "thread_pool":
         monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
     return request.param
@@ -375,6 +376,25 @@ def test_kernel_backward_without_input_gradient(prim):
     grads, _ = _kernel_grads(prim, t32, dy32, accumulate=False, input_grads_none=True)
     for name in prim.param_grads:
         _assert_close(grads[name], want[name], prim.tol, f"{prim.id} d{name} with dx=None")
+
+
+@pytest.mark.parametrize("prim", DIFFERENTIABLE, ids=lambda p: p.id)
+def test_thread_pool_gives_the_same_bits(prim, monkeypatch):
+    """Partial sums and BLAS row blocks follow the thread count only; the size threshold just
+    decides whether the partitions run concurrently."""
+    t32 = _f32(prim.inputs())
+    dy32 = _dy(prim, {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in t32.items()}).astype(F32)
+
+    def run():
+        return prim.kernel_forward(t32), _kernel_grads(prim, t32, dy32, accumulate=True)[0]
+
+    calling_thread = run()
+    monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
+    thread_pool = run()
+    for a, b in zip(calling_thread[0], thread_pool[0]):
+        np.testing.assert_array_equal(a, b, err_msg=f"{prim.id} forward")
+    for name, grad in calling_thread[1].items():
+        np.testing.assert_array_equal(grad, thread_pool[1][name], err_msg=f"{prim.id} d{name}")
 
 
 # ---------------------------------------------------------------------------- reference vs finite differences

@@ -157,3 +157,13 @@ def test_cli_train_json(tmp_path):
     assert metrics["epochs"] == 3 and metrics["val_accuracy"] > 0.5      # chance is 0.1
     assert (tmp_path / "run" / "checkpoint.safetensors").exists()
     assert len((tmp_path / "run" / "history.jsonl").read_text().splitlines()) == 3
+
+
+def test_default_demo_reaches_the_accuracy_readme_promises(tmp_path, capsys):
+    """`blueprint train` with no arguments (README's first command): >= 97% on the digits."""
+    from blueprint._cli import main
+    from blueprint._train_command import DEFAULTS
+
+    assert main(["train", "--json", "--out", str(tmp_path / "demo")]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["epochs"] == DEFAULTS["epochs"] and metrics["val_accuracy"] >= 0.97
