@@ -8,6 +8,7 @@ between NHWC/OIHW layouts as the caller needs.
 
     resnet(block, layers, num_classes)   torchvision ResNet (v1.5: stride on the 3x3)
     resnet18/34/50/101/152               the torchvision configurations
+    resnet18_cifar(num_classes)          ResNet-18 as usually trained on CIFAR: 3x3/1 stem, no maxpool
     cifar_resnet(n, num_classes)         He et al. (2016) CIFAR ResNet-(6n+2), projection shortcuts
     resnet20/32/56                       n = 3 / 5 / 9
     mobilenet_v2(num_classes, dropout)   torchvision MobileNetV2 (width 1.0)
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "BasicBlock", "Bottleneck", "ResNet", "resnet", "resnet18", "resnet34", "resnet50",
-    "resnet101", "resnet152", "CifarResNet", "cifar_resnet", "resnet20", "resnet32", "resnet56",
+    "resnet101", "resnet152", "resnet18_cifar", "CifarResNet", "cifar_resnet", "resnet20", "resnet32", "resnet56",
     "InvertedResidual", "MobileNetV2", "mobilenet_v2", "tiny_mobilenet", "mlp", "count_params",
 ]
 
@@ -138,6 +139,17 @@ def resnet(block: str = "basic", layers=(3, 4, 6, 3), num_classes: int = 1000) -
 
 def resnet18(num_classes: int = 1000) -> ResNet:
     return resnet("basic", (2, 2, 2, 2), num_classes)
+
+
+def resnet18_cifar(num_classes: int = 10) -> ResNet:
+    """ResNet-18 for 32x32 inputs as it is usually trained on CIFAR (e.g. kuangliu/pytorch-cifar):
+    torchvision's ResNet-18 with a 3x3 stride-1 stem convolution and no maxpool, so the four
+    stages run at 32, 16, 8 and 4 pixels. Same state_dict keys as torchvision's (conv1.weight is
+    64x3x3x3); 11,173,962 parameters with 10 classes."""
+    model = resnet("basic", (2, 2, 2, 2), num_classes)
+    model.conv1 = conv3x3(3, 64)
+    model.maxpool = nn.Identity()
+    return model
 
 
 def resnet34(num_classes: int = 1000) -> ResNet:
@@ -325,13 +337,14 @@ def mlp(sizes=(784, 1024, 512, 256, 10)) -> nn.Sequential:
 EXPECTED_PARAMS = {  # torchvision's numbers (trainable parameters)
     "resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032,
     "resnet101": 44_549_160, "resnet152": 60_192_808,
-    "mobilenet_v2": 3_504_872, "resnet20": 272_474,
+    "mobilenet_v2": 3_504_872, "resnet20": 272_474, "resnet18_cifar": 11_173_962,
 }
 
 
 def self_check(verbose: bool = True) -> None:
     makers = {"resnet18": resnet18, "resnet34": resnet34, "resnet50": resnet50, "resnet101": resnet101,
-              "resnet152": resnet152, "mobilenet_v2": mobilenet_v2, "resnet20": resnet20}
+              "resnet152": resnet152, "mobilenet_v2": mobilenet_v2, "resnet20": resnet20,
+              "resnet18_cifar": resnet18_cifar}
     for name, make in makers.items():
         got = count_params(make())
         assert got == EXPECTED_PARAMS[name], f"{name}: {got:,} params, expected {EXPECTED_PARAMS[name]:,}"
@@ -342,6 +355,7 @@ def self_check(verbose: bool = True) -> None:
         assert resnet20().eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
         assert tiny_mobilenet().eval()(torch.zeros(2, 3, 16, 16)).shape == (2, 10)
         assert resnet18(7).eval()(torch.zeros(1, 3, 64, 64)).shape == (1, 7)
+        assert resnet18_cifar().eval()(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
         assert mlp((5, 4, 3))(torch.zeros(2, 5)).shape == (2, 3)
     assert list(mlp((5, 4, 3)).state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
     keys = list(resnet20().state_dict())

@@ -13,7 +13,7 @@ import numpy as np
 
 from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
-from planner.executor_api import ExecutorBase, InputError
+from planner.executor_api import ExecutorBase, InputError, dropout_seed
 from planner.init import initial_parameters
 from planner.registry import ACTIVATION_CODE
 
@@ -196,7 +196,7 @@ def _dropout_fwd(ex, layer, op, views):
     x, y = _v(op, views, "x"), _v(op, views, "y", True)
     if op.attr("training") and layer.param("p") > 0:
         K.dropout_forward(x.reshape(-1), y.reshape(-1), _v(op, views, "mask", True).reshape(-1), layer.param("p"),
-                          ex.seed * 1_000_003 + op.layer, ex.step_count)
+                          dropout_seed(ex.seed, op.layer), ex.step_count)   # unfused: layer index == position
     else:
         y[...] = x
         mask = _v(op, views, "mask", True)

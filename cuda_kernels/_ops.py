@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from planner.executor_api import dropout_seed
+
 from . import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
 from ._elementwise import ACTIVATION_SAVES_OUTPUT
 
@@ -198,9 +200,9 @@ def _forward_primitive(launcher, ov, step, mode):
     elif kind == "channel_pad":
         _elementwise.channel_pad_forward(launcher, x, y)
     elif kind == "dropout":
-        if mode == "train" and prim.param("p") > 0:
+        if mode == "train":   # p = 0 too: the backward reads the mask (all ones then)
             _elementwise.dropout_forward(launcher, x, y, ov.written(ov.tag(step.position) + "mask"), prim.param("p"),
-                                         ov.ctx.seed * 1_000_003 + ov.op.layer, ov.ctx.scalars["iteration"])
+                                         dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
         else:
             _elementwise.accumulate_into(launcher, y, x, False)
     else:

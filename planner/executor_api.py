@@ -14,6 +14,12 @@ import numpy as np
 from planner.init import from_torch_layout, to_torch_layout, torch_shape
 
 
+def dropout_seed(seed: int, position: int) -> int:
+    """The dropout stream of the primitive at ``position`` in ``plan.primitives``: the same on every
+    path and in the fused and unfused plans of one BluePrint (fusion never reorders primitives)."""
+    return seed * 1_000_003 + position
+
+
 class InputError(ValueError):
     """A batch the plan cannot run: wrong shape/dtype, labels out of range, NaN/Inf values."""
 

@@ -229,6 +229,19 @@ def test_bad_input_is_refused_before_anything_runs():
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.5])
+def test_dropout_gradients_follow_the_cpu_reference(p):
+    """Both paths draw the same mask (one counter-based hash); p = 0 still writes an all-ones mask."""
+    bp = BluePrint(seq(cbr(8, 3, 1, 1), dropout(p), gap_fc(CLASSES)))
+    cpu = CpuExecutor(compile_plan(bp, fuse=False, amp=False), seed=6)
+    ex = CudaExecutor(compile_plan(bp, fuse=True, amp=True), seed=6, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1, seed=12)
+    np.testing.assert_allclose(ex.train_step(x, y, 0.0), cpu.train_step(x, y, 0.0), rtol=1e-2)
+    got, want = ex.gradients(), cpu.gradients()
+    assert all(np.abs(want[k]).max() > 0 for k in want)
+    assert_close(got, want, GRAD_TOL, f"dropout({p}) gradient")
+
+
 def test_fp32_plans_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="amp=True"):
         CudaExecutor(compile_plan(SMALL, fuse=False, amp=False))
