@@ -34,7 +34,7 @@ BATCHNORM = ("bn2d", "bn1d")
 _ACTIVATION_CODES = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
 BACKWARD_READS = {"conv": "in", "fc": "in", "bn2d": "in", "bn1d": "in",
                   **{k: ("out" if code in ACTIVATION_SAVES_OUTPUT else "in") for code, k in enumerate(_ACTIVATION_CODES)}}
-FUSABLE_CLAMP = {"relu": "relu", "relu6": "relu6"}   # activations the BN apply can take
+FUSABLE_ACTIVATIONS = frozenset({"relu", "relu6"})   # what the BN apply can take (``_batchnorm.CLAMP``)
 
 
 def activation_code(kind):
@@ -156,8 +156,8 @@ def _batchnorm_chain(launcher, ov, steps, i, mode, keep):
         if other is not None:
             residual, value, last = other, nxt.prim.output, last + 1
             nxt = steps[last + 1] if last + 1 < len(steps) else None
-    if nxt is not None and nxt.prim.kind in FUSABLE_CLAMP and _fusible(nxt, value, keep, ov):
-        activation, last = FUSABLE_CLAMP[nxt.prim.kind], last + 1
+    if nxt is not None and nxt.prim.kind in FUSABLE_ACTIVATIONS and _fusible(nxt, value, keep, ov):
+        activation, last = nxt.prim.kind, last + 1
     out = steps[last].out
     x2d, y2d = as_2d(bn.inputs[0]), as_2d(out)
     tag, prim = ov.tag(bn.position), bn.prim
