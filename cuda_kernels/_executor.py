@@ -150,17 +150,22 @@ class CudaExecutor(ExecutorBase):
         if t.region == "params":
             self._half_dirty = True
 
-    def _read_gradient(self, tid):
-        return self._read(tid) / self._last_loss_scale()
+    def gradients(self) -> dict[str, np.ndarray]:
+        """Parameter gradients of the last train step, by name, in PyTorch layout, unscaled."""
+        scale = np.float32(self._last_loss_scale())
+        return {name: grad / scale for name, grad in super().gradients().items()}
 
     def _last_loss_scale(self):
         """The scale the last step's gradients carry (the scale is updated after the step)."""
-        scale = float(self._scalars["loss_scale"].copy_to_host()[0])
-        if self._scalars["overflow"].copy_to_host()[0]:
+        scale = self.loss_scale
+        if self.skipped_last_step:
             return scale * 2
-        if self.step_count and self._scalars["good_steps"].copy_to_host()[0] == 0:
+        if self.step_count and self._scalar("good_steps") == 0:
             return scale / 2
         return scale
+
+    def _scalar(self, name):
+        return self._scalars[name].copy_to_host()[0]
 
     def _upload_scalar(self, name, value):
         view = self._scalars[name]
@@ -235,17 +240,17 @@ class CudaExecutor(ExecutorBase):
         self._run(variant, "train")
         self.step_count += 1
         self._bn_forwards += 1
-        self.last_correct = int(self._scalars["correct"].copy_to_host()[0])
-        return float(self._scalars["loss"].copy_to_host()[0])
+        self.last_correct = int(self._scalar("correct"))
+        return float(self._scalar("loss"))
 
     @property
     def loss_scale(self) -> float:
-        return float(self._scalars["loss_scale"].copy_to_host()[0])
+        return float(self._scalar("loss_scale"))
 
     @property
     def skipped_last_step(self) -> bool:
         """True when the last step's gradients overflowed and its update was skipped."""
-        return bool(self._scalars["overflow"].copy_to_host()[0])
+        return bool(self._scalar("overflow"))
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The base state plus the dynamic loss scale and the device's step counters (exact resume)."""

@@ -47,9 +47,6 @@ class ExecutorBase:
     def _write(self, tid: int, value: np.ndarray) -> None:
         raise NotImplementedError
 
-    def _read_gradient(self, tid: int) -> np.ndarray:
-        return self._read(tid)
-
     # ---- batches ---------------------------------------------------------------------------------------
     def _variant_for(self, shape, graph: str) -> str:
         for name, v in self.plan.variants.items():
@@ -89,7 +86,7 @@ class ExecutorBase:
         for t in self.plan.tensors:
             if t.region == "grads":
                 spec = self._param_by_name[t.name[len("grad."):]]
-                grads[spec.name] = to_torch_layout(spec, self._read_gradient(t.id))
+                grads[spec.name] = to_torch_layout(spec, self._read(t.id))
         return grads
 
     def state_dict(self) -> dict[str, np.ndarray]:
