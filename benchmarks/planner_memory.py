@@ -37,7 +37,7 @@ def transient_memory(model: str, batch: int, fuse: bool):
 
 
 def markdown_table(batch: int) -> str:
-    lines = [f"| model | input | lower bound (MiB) | planned (MiB) | ratio | no reuse (MiB) | fused AMP ratio |",
+    lines = ["| model | input | lower bound (MiB) | planned (MiB) | ratio | no reuse (MiB) | fused AMP ratio |",
              "|---|---|--:|--:|--:|--:|--:|"]
     worst = 0.0
     for model, entry in zoo.MODELS.items():

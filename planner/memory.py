@@ -14,21 +14,17 @@ shared memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from planner.compiler import Slot, TensorSpec
+from planner.compiler import TensorSpec
 from planner.memory_alloc import assign_offsets, live_lower_bound
 
 ALIGNMENT = 256
 MIRROR_ALIGNMENT = 2 * ALIGNMENT      # fp32 tensors with an fp16 mirror at half the offset
 MIRRORED_REGIONS = ("params", "grads", "optim")
 PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
-
-
-assert [f.name for f in fields(TensorSpec)] == ["id", "name", "region", "dtype", "shape", "nbytes", "offset", "graph",
-                                               "variant_shapes"], "plan_memory builds TensorSpecs positionally"
 
 
 def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
@@ -111,8 +107,8 @@ def lifetimes(graph) -> dict[int, tuple[int, int]]:
     return {tid: (index, last[tid]) for tid, index in first.items()}
 
 
-def plan_memory(tensors: list[Slot], graphs) -> tuple[list[TensorSpec], MemoryPlan]:
-    """Offsets for every sized slot (see the module docstring); returns the placed TensorSpecs and the report."""
+def plan_memory(tensors: list[TensorSpec], graphs) -> tuple[list[TensorSpec], MemoryPlan]:
+    """Offsets for every sized tensor (see the module docstring); returns the placed TensorSpecs and the report."""
     offsets: dict[int, int] = {}
     regions: dict[str, tuple[int, int]] = {}
     by_region: dict[str, list] = {region: [] for region in PERSISTENT_REGIONS}
@@ -170,7 +166,6 @@ def plan_memory(tensors: list[Slot], graphs) -> tuple[list[TensorSpec], MemoryPl
         base = regions[region][0]
         for t, off in zip(members, placed):
             offsets[t.id] = base + off
-    # the one TensorSpec per tensor of a compile (a frozen dataclass is slow to build; see Slot)
     placed_tensors = [TensorSpec(t.id, t.name, t.region, t.dtype, t.shape, t.nbytes, offsets[t.id], t.graph,
                                  t.variant_shapes) for t in tensors]
     return placed_tensors, MemoryPlan(regions, cursor, graph_memory)

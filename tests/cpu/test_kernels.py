@@ -68,7 +68,6 @@ def _f32(t):
 
 def conv(n, h, w, cin, cout, k, s, p, g, finite_differences=True):
     def col_for(t):
-        x, wt = t["x"], t["w"]
         if (k == 1 and s == 1 and p == 0 and g == 1) or (g == cin == cout):
             return None
         oh, ow = R.conv_output_size(h, k, s, p), R.conv_output_size(w, k, s, p)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from blueprint import BluePrint, fc, gap, seq, cbr, zoo
-from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss, StepLR
+from blueprint.optim import SGD, AdamW, CosineAnnealingLR, StepLR
 from blueprint.task import ConfigError, DeepLearningTask
 from blueprint.task.data import ArrayDataset, Augment, digits
 

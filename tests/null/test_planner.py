@@ -385,7 +385,7 @@ def resnet_plan():
 
 def with_tensor(plan, tid, **changes):
     tensors = list(plan.tensors)
-    tensors[tid] = replace(tensors[tid], **changes)
+    tensors[tid] = tensors[tid]._replace(**changes)
     return dataclasses.replace(plan, tensors=tuple(tensors))
 
 
@@ -412,7 +412,7 @@ def test_verify_catches_a_dropped_write(resnet_plan):
     op = next(op for op in graph.ops if op.direction == "forward" and op.kind == "relu")
     role, tid = next((r, t) for r, t in op.writes if r == "y")
     ops = list(graph.ops)
-    ops[op.index] = replace(op, writes=tuple(w for w in op.writes if w != (role, tid)))
+    ops[op.index] = op._replace(writes=tuple(w for w in op.writes if w != (role, tid)))
     corrupt = dataclasses.replace(resnet_plan, graphs={**resnet_plan.graphs, "train": replace(graph, ops=tuple(ops))})
     with pytest.raises(PlanError, match="before any op wrote it") as caught:
         corrupt.verify()
