@@ -98,7 +98,7 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def time_side_by_side(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float, float]:
+def measure_side_by_side(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float, float]:
     """Median seconds of each, timed alternately, and the median of the pairwise ratios."""
     for _ in range(warmup):
         ours(), theirs()
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     for name, model, torch_model, shape, what, target in CASES:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
-        ours_s, torch_s, ratio = time_side_by_side(*_build(model, torch_model, shape, what), repeats=args.repeats)
+        ours_s, torch_s, ratio = measure_side_by_side(*_build(model, torch_model, shape, what), repeats=args.repeats)
         verdict = "-" if target is None else f"<= {target} ({'met' if ratio <= target else 'NOT met'})"
         print(f"| {name} | {ours_s * 1e3:.1f} | {torch_s * 1e3:.1f} | {ratio:.2f} | {verdict} |", flush=True)
     print(f"\n{args.threads} thread(s) for numba, BLAS and torch {torch.__version__}; medians of {args.repeats} "

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import planner.compiler
 import planner.expand
 from blueprint import (
     BlockStyle, BluePrint, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc,
@@ -24,6 +25,7 @@ from blueprint import (
 )
 from planner import ArchPlan, ExpandError, _expand_c, _expand_py
 from planner.compiler import Compiler, size_slot
+from planner.registry import ShapeError
 from planner.verify import PlanError
 
 TWINS = {"cython": _expand_c.expand_tree, "pure": _expand_py.expand_tree}
@@ -365,6 +367,32 @@ def test_a_network_of_only_identities_raises_a_clear_error(root):
     with pytest.raises(ExpandError, match=r"must end with \(N, classes\) logits, but it has no layers") as caught:
         ArchPlan.from_blueprint(BluePrint(root))
     assert "fc(classes)" in str(caught.value)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_a_compile_leaves_the_cyclic_gc_as_it_found_it(enabled_before):
+    """The compile pauses the cyclic collector; afterwards (and after a failing compile) it is on again
+    only if it was on before."""
+    import gc
+
+    arch = ArchPlan.from_blueprint(BluePrint(seq(conv(8, 3, 1, 1), relu(), gap(), fc(4, True))))
+    observed = []
+    real_infer_shapes = planner.compiler.infer_shapes
+
+    def spy(*args):
+        observed.append(gc.isenabled())
+        return real_infer_shapes(*args)
+
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        with mock.patch.object(planner.compiler, "infer_shapes", spy):
+            Compiler(arch).compile({"train": (2, 8, 8, 3)})
+        assert observed == [False] and gc.isenabled() is enabled_before
+        with pytest.raises(ShapeError):
+            Compiler(arch).compile({"train": (2, 8, 8, 5)})   # 5 input channels: refused inside the pause
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()
 
 
 def test_a_slot_takes_the_largest_variant():

@@ -1,0 +1,212 @@
+"""The ``--dry-run`` of the GPU check, no device needed: every kernel row built on host stand-ins
+with its launches type-checked against the kernel table; the step sections' plans compiled and
+each training step recorded by ``CudaExecutor``'s own code, its device-only pieces stood in for;
+the PyTorch twins of the timed models checked against those plans."""
+import math
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from cuda_kernels._graph import graph_support
+from cuda_kernels._registry import all_kernels
+
+from ._gpu_kernel_cases import CHECK_BATCH, TIMING_BATCH, DryLauncher, HostStandIns, table
+from ._gpu_kernels import graph_case
+from ._gpu_step_common import MIB, StepModel, compile_step_plan, relative_errors, sgd, step_selection, torch_models
+from ._gpu_timing import format_timing_table, make_torch_step, torch_inputs
+
+
+def host_arena_class():
+    """``DeviceArena`` over host memory: an address-space reservation that is never touched (the dry
+    run makes the executor's views and type-checks its launches; nothing is computed)."""
+    import mmap
+    from cuda_kernels._arena import ALIGNMENT, DeviceArena
+
+    class HostArena(DeviceArena):
+        def __init__(self, nbytes):
+            self.nbytes = -(-int(nbytes) // ALIGNMENT) * ALIGNMENT
+            try:   # MAP_NORESERVE: no commit charge for the gigabytes a big plan reserves
+                flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)
+                self.buffer = np.frombuffer(mmap.mmap(-1, self.nbytes, flags=flags), np.uint8)
+            except (AttributeError, OSError, ValueError):
+                self.buffer = np.empty(self.nbytes, np.uint8)
+
+        def zero(self, launcher=None):
+            pass
+    return HostArena
+
+
+class _TapeStandIn(DryLauncher):
+    """In ``LaunchTape``'s place: type-checks each launch (host stand-ins allowed) and keeps its name."""
+
+    def __len__(self):
+        return len(self.names)
+
+
+class _RunnerStandIn:
+    """In ``StepRunner``'s place: keeps the recorded tape."""
+
+    def __init__(self, tape, mode="eager", allow_eager_fallback=False):
+        self.tape, self.mode, self.graph, self.reason = tape, mode, None, ""
+
+
+@contextmanager
+def _patched(module, **names):
+    """``module``'s globals ``names`` replaced for the duration; a missing one is an error."""
+    missing = sorted(n for n in names if not hasattr(module, n))
+    if missing:
+        raise RuntimeError(f"dry run: {module.__name__} no longer has {missing}; update "
+                           f"dry_record_train_step (benchmarks/_gpu_dry.py) to the executor's new structure")
+    saved = {n: getattr(module, n) for n in names}
+    for n, value in names.items():
+        setattr(module, n, value)
+    try:
+        yield
+    finally:
+        for n, value in saved.items():
+            setattr(module, n, value)
+
+
+def dry_record_train_step(plan, optimizer):
+    """``(kernel names, classes)`` of ``plan``'s training step, recorded by ``CudaExecutor``'s own code
+    (its constructor's views over a host arena, its ``_runner``) with the device-only pieces stood in
+    for: no arena on a device, no initial weights written, a launcher that type-checks every launch
+    against the kernel table instead of recording it for a device."""
+    import cuda_kernels._executor as executor_module
+
+    class DryExecutor(executor_module.CudaExecutor):
+        def _upload_scalar(self, name, value):
+            pass
+
+        def _refresh_half_weights(self):
+            self._half_dirty = False
+
+    with _patched(executor_module, cuda_unavailable_reason=lambda: "", DeviceArena=host_arena_class(),
+                  new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=_TapeStandIn,
+                  StepRunner=_RunnerStandIn):
+        ex = DryExecutor(plan, optimizer=optimizer, seed=0, replay="eager")
+        runner = ex._runner(ex._variant_for(plan.variants["train"].input_shape, "train"), "train")
+    return runner.tape.names, ex.classes
+
+
+def _fused_kinds(plan):
+    from collections import Counter
+    counts = Counter(plan.arch.layers[op.layer].kind for op in plan.graphs["train"].ops if op.direction == "forward")
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+
+
+def dry_run_steps(only, used):
+    """Everything of the step-* sections that needs no device; raises on any mismatch."""
+    from planner.init import torch_shape
+    selected = step_selection(only)
+    if not selected:
+        print("step sections: none selected by --only")
+        return
+    print(f"\nstep sections (dry): {', '.join(selected)} — plans compiled, each training step recorded as "
+          f"CudaExecutor records it, launches type-checked against the kernel table")
+    models = {}
+    for section, chosen in selected.items():
+        for model in chosen:
+            models.setdefault((model.name, model.shape), (model, []))[1].append(section)
+    print(f"  {'model':24s} {'input':>17s} {'sections':34s} {'ops':>4s} {'params':>11s} {'arena MiB':>9s} "
+          f"{'launches':>8s}  fused kinds")
+    plans, launches = {}, {}
+    for (name, shape), (model, sections) in models.items():
+        started = time.time()
+        plan = plans[name] = compile_step_plan(model)
+        plan.verify()
+        names, classes = dry_record_train_step(plan, sgd())
+        used.update(names)
+        launches[name] = len(names)
+        assert classes == model.classes, f"{name}: the plan has {classes} classes, the model says {model.classes}"
+        assert "count_correct" in names and "sgd_step" in names, f"{name}: the recorded step lacks its loss/update"
+        print(f"  {name:24s} {str(shape):>17s} {', '.join(sections):34s} {len(plan.graphs['train'].ops):4d} "
+              f"{plan.params_trainable:11,d} {plan.memory.arena_bytes / MIB:9.1f} {len(names):8d}  "
+              f"{_fused_kinds(plan)} ({time.time() - started:.1f} s)")
+    if "step-check" in selected:
+        for model in selected["step-check"]:
+            reference = compile_step_plan(model, fuse=False, amp=False)
+            fused = {p.name: torch_shape(p) for p in plans[model.name].params}
+            fp32 = {p.name: torch_shape(p) for p in reference.params}
+            assert fused == fp32, f"{model.name}: the fp32 reference plan's parameters differ from the fused AMP " \
+                                  f"plan's: {sorted(set(fused.items()) ^ set(fp32.items()))[:4]}"
+            print(f"  step-check {model.name}: fp32 reference plan ({len(reference.graphs['train'].ops)} ops) has the "
+                  f"fused AMP plan's {len(fp32)} parameter names and shapes: weights move across")
+        a = {"w": np.array([3.0, 4.0]), "b": np.array([0.0, 0.0]), "c": np.array([1.0])}
+        errors = relative_errors({"w": np.array([3.0, 4.1]), "b": np.array([0.05, 0.0]), "c": np.array([np.nan])}, a)
+        assert math.isclose(errors["w"], 0.02) and math.isclose(errors["b"], 1.0) and errors["c"] == math.inf, errors
+        print("  step-check comparison self-test (norm floor, non-finite values): ok")
+    if "step-replay" in selected:
+        for model in selected["step-replay"]:
+            print(f"  step-replay {model.name}: graph support here: {graph_support()}")
+    if "step-timing" in selected:
+        dry_run_torch(selected["step-timing"], plans, launches)
+
+
+def dry_run_torch(models, plans, launches):
+    """The PyTorch twins of the timed models: parameter counts, names and shapes against our plans
+    (on the meta device), and the timed step function run once on the CPU at a tiny size."""
+    from planner.init import torch_shape
+    try:
+        import torch
+    except Exception as error:
+        print(f"  step-timing PyTorch side NOT CHECKED: PyTorch is not importable ({error})")
+        return
+    for model in models:
+        plan = plans[model.name]
+        with torch.device("meta"):
+            twin = model.make_torch()
+        count = torch_models().count_params(twin)
+        theirs = {k: tuple(v.shape) for k, v in twin.state_dict().items()}
+        ours = {p.name: torch_shape(p) for p in plan.params}
+        assert count == plan.params_trainable, f"{model.name}: torch_models.{model.torch_model} has {count:,} " \
+                                               f"parameters, our plan {plan.params_trainable:,}"
+        assert theirs == ours, f"{model.name}: state_dict names/shapes differ: " \
+                               f"{sorted(set(theirs.items()) ^ set(ours.items()))[:4]}"
+        started = time.time()
+        tiny = StepModel(model.name, model.blueprint, 2, 32, model.about, model.classes, model.torch_model)
+        net = model.make_torch().to(memory_format=torch.channels_last).train()
+        x, y = torch_inputs(tiny, "cpu")
+        step = make_torch_step(net, x, y, "cpu", amp=False)
+        losses = [float(step().detach()) for _ in range(2)]
+        assert all(math.isfinite(v) for v in losses), f"{model.name}: PyTorch CPU step gave {losses}"
+        print(f"  step-timing {model.name}: torch_models.{model.torch_model}({model.classes}) has our plan's "
+              f"{count:,} parameters and {len(ours)} state_dict names/shapes; its timed step ran on the CPU at "
+              f"batch 2, 32x32 without AMP: losses {losses[0]:.3f}, {losses[1]:.3f} ({time.time() - started:.1f} s)")
+    print("  step-timing: torch.compile is not exercised in the dry run (minutes of compiling on a CPU); "
+          "on the GPU its failures are printed and noted, not fatal")
+    rows = {}
+    for model in models:
+        recorded = {"launches": launches[model.name]}
+        rows[model.name] = {"model": model, "arena_bytes": plans[model.name].memory.arena_bytes,
+                            "ours eager": recorded, "ours graph": recorded}
+    print(format_timing_table(rows, dry=True))
+
+
+def dry_run(only):
+    started = time.time()
+    kernels = all_kernels()
+    used = set()
+    for batch, label in [(CHECK_BATCH, "cross-check"), (TIMING_BATCH, "timing")]:
+        rows = {n: b for n, b in table(batch).items() if only in n}
+        print(f"{label} rows at batch {batch}:")
+        for name, build in rows.items():
+            case = build(HostStandIns(), None)
+            launcher = DryLauncher()
+            case.record(launcher)
+            used.update(launcher.names)
+            outputs = ", ".join(f"{k}{tuple(v.shape)}" for k, v in case.outputs.items())
+            print(f"  {name:28s} {len(launcher.names)} launches ({', '.join(dict.fromkeys(launcher.names))}) -> "
+                  f"{outputs}; {case.bytes / 1e6:.1f} MB moved")
+    record, _ = graph_case(HostStandIns())
+    launcher = DryLauncher()
+    record(launcher)
+    used.update(launcher.names)
+    print(f"graph-vs-eager: {len(launcher.names)} launches; graph support here: {graph_support()}")
+    dry_run_steps(only, used)
+    unknown, unused = used - set(kernels), set(kernels) - used
+    assert not unknown, f"launched kernels missing from the table: {sorted(unknown)}"
+    if not only:
+        assert not unused, f"kernels the GPU check never runs: {sorted(unused)}"
+    print(f"dry run ok: {len(used)} of {len(kernels)} table kernels would run ({time.time() - started:.1f} s)")

@@ -1,0 +1,328 @@
+"""The kernel rows of the GPU check: device memory and its ``--dry-run`` host stand-ins, and the
+case table (per row: its launches, its outputs, the numpy spec's answer, its work)."""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import cuda
+
+from cpu_ref import reference as ref
+from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
+from cuda_kernels._registry import check_args
+
+CHECK_BATCH, TIMING_BATCH = 8, 256
+PARAMETERS = 11_200_000            # ResNet-18 sized optimizer region
+
+
+# ---------------------------------------------------------------------------- memory
+
+class HostStandIns:
+    """``--dry-run``: numpy arrays stand for device arrays; nothing is computed."""
+    dry = True
+
+    def random(self, rng, shape, dtype, scale=1.0):
+        a = np.empty(shape, dtype)
+        return a, a
+
+    def constant(self, value):
+        return np.asarray(value)
+
+    def output(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+
+class DeviceMemory:
+    dry = False
+
+    def random(self, rng, shape, dtype, scale=1.0):
+        if np.issubdtype(np.dtype(dtype), np.integer):
+            host = rng.integers(0, scale, shape).astype(dtype)
+        else:
+            host = (rng.standard_normal(shape, np.float32) * scale).astype(dtype)
+        return host, cuda.to_device(host)
+
+    def constant(self, value):
+        return cuda.to_device(np.asarray(value))
+
+    def output(self, shape, dtype):
+        fill = 7 if np.issubdtype(np.dtype(dtype), np.integer) else np.nan
+        return cuda.to_device(np.full(shape, fill, dtype))
+
+
+class DryLauncher:
+    """Checks every launch against the kernel table (host stand-ins allowed) and counts them."""
+
+    def __init__(self):
+        self.names = []
+
+    def launch(self, spec, grid, block, *args):
+        check_args(spec, args, host_stand_ins=True)
+        self.names.append(spec.name)
+
+
+# ---------------------------------------------------------------------------- the table
+
+@dataclass
+class Case:
+    """One timed unit: its launches, its outputs, the spec's answer, its work."""
+    record: object                    # record(launcher)
+    outputs: dict                     # label -> device array
+    expected: object = None           # () -> {label: (array, tolerance)}; None: timing only
+    flops: float = 0.0
+    bytes: float = 0.0
+    names: list = field(default_factory=list)
+
+
+def f32(a):
+    return np.asarray(a, np.float32)
+
+
+def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with_stats=True):
+    (hx, x), (hw, wt) = mem.random(rng, (batch, h, w, cin), np.float16), mem.random(
+        rng, (cout, k, k, cin // groups), np.float16, 1.0 / math.sqrt(k * k * cin / groups))
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    macs = batch * oh * ow * cout * k * k * cin / groups
+    if direction == "fwd":
+        y = mem.output((batch, oh, ow, cout), np.float16)
+        sums = (mem.output(cout, np.float32), mem.output(cout, np.float32)) if with_stats else None
+        expected = lambda: {"y": (ref.conv2d_forward(f32(hx), f32(hw), s, p, groups), "fp16")}  # noqa: E731
+        return Case(lambda t: _conv.conv2d_forward(t, x, wt, y, s, p, groups, bn_sums=sums), {"y": y}, expected,
+                    2 * macs, 2 * (x.size + wt.size + y.size))
+    hdy, dy = mem.random(rng, (batch, oh, ow, cout), np.float16)
+    dx, dw = mem.output((batch, h, w, cin), np.float16), mem.output(wt.shape, np.float32)
+
+    def expected():
+        rdx, rdw = ref.conv2d_backward(f32(hx), f32(hw), f32(hdy), s, p, groups)
+        return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32")}
+    return Case(lambda t: _conv.conv2d_backward(t, x, wt, dy, dx, dw, s, p, groups, False), {"dx": dx, "dw": dw},
+                expected, 4 * macs, 2 * (2 * x.size + dy.size) + 6 * wt.size)
+
+
+def batchnorm_case(mem, rng, rows, channels, direction):
+    (hx, x), (hg, gamma) = mem.random(rng, (rows, channels), np.float16), mem.random(rng, channels, np.float32)
+    (hb, beta), y = mem.random(rng, channels, np.float32), mem.output((rows, channels), np.float16)
+    mean, invstd = mem.output(channels, np.float32), mem.output(channels, np.float32)
+    rm, rv = mem.constant(np.zeros(channels, np.float32)), mem.constant(np.ones(channels, np.float32))
+    if direction == "fwd":
+        def expected():
+            ry, rmean, rinv, _, _ = ref.batchnorm_forward_train(f32(hx), hg, hb, np.zeros(channels), np.ones(channels),
+                                                                0.1, 1e-5)
+            return {"y": (np.maximum(ry, 0), "fp16"), "mean": (rmean, "stats"), "invstd": (rinv, "stats")}
+        return Case(lambda t: _batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
+                                                                 1e-5, activation="relu"),
+                    {"y": y, "mean": mean, "invstd": invstd}, expected, 0, 3 * 2 * x.size)
+    hmean, hinv = hx.astype(np.float32).mean(0), 1 / np.sqrt(hx.astype(np.float32).var(0) + 1e-5)
+    hdy, dy = mem.random(rng, (rows, channels), np.float16)
+    dx, dgamma, dbeta = mem.output((rows, channels), np.float16), mem.output(channels, np.float32), mem.output(
+        channels, np.float32)
+    smean, sinv = mem.constant(hmean.astype(np.float32)), mem.constant(hinv.astype(np.float32))
+
+    def expected():
+        rdx, rdg, rdb = ref.batchnorm_backward(f32(hx), hg, hmean, hinv, f32(hdy))
+        return {"dx": (rdx, "fp16"), "dgamma": (rdg, "fp32"), "dbeta": (rdb, "fp32")}
+    return Case(lambda t: _batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False),
+                {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
+
+
+def activation_case(mem, rng, n, code):
+    (hx, x), y = mem.random(rng, n, np.float16, 3.0), mem.output(n, np.float16)
+    return Case(lambda t: _elementwise.activation_forward(t, code, x, y, 0.1), {"y": y},
+                lambda: {"y": (ref.activation_forward(code, f32(hx), 0.1), "fp16")}, 0, 4 * n)
+
+
+def dropout_case(mem, rng, n):
+    (hx, x), y, mask = mem.random(rng, n, np.float16), mem.output(n, np.float16), mem.output(n, np.uint8)
+    step = mem.constant(np.array([17], np.int32))
+
+    def expected():
+        ry, rmask = ref.dropout_forward(f32(hx), 0.1, 99, 17)
+        return {"y": (ry, "fp16"), "mask": (rmask, "exact")}
+    return Case(lambda t: _elementwise.dropout_forward(t, x, y, mask, 0.1, 99, step), {"y": y, "mask": mask},
+                expected, 0, 5 * n)
+
+
+def linear_case(mem, rng, batch, f_in, f_out, direction):
+    (hx, x), (hw, w) = mem.random(rng, (batch, f_in), np.float16), mem.random(rng, (f_out, f_in), np.float16, 0.05)
+    (hb, b), y = mem.random(rng, f_out, np.float32), mem.output((batch, f_out), np.float16)
+    if direction == "fwd":
+        return Case(lambda t: _linear.linear_forward(t, x, w, b, y), {"y": y},
+                    lambda: {"y": (ref.linear_forward(f32(hx), f32(hw), hb), "fp16")}, 2 * batch * f_in * f_out,
+                    2 * (x.size + w.size + y.size))
+    hdy, dy = mem.random(rng, (batch, f_out), np.float16)
+    dx, dw, db = mem.output((batch, f_in), np.float16), mem.output((f_out, f_in), np.float32), mem.output(
+        f_out, np.float32)
+
+    def expected():
+        rdx, rdw, rdb = ref.linear_backward(f32(hx), f32(hw), f32(hdy))
+        return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32"), "db": (rdb, "fp32")}
+    return Case(lambda t: _linear.linear_backward(t, x, w, dy, dx, dw, db, False), {"dx": dx, "dw": dw, "db": db},
+                expected, 4 * batch * f_in * f_out, 2 * (2 * x.size + dy.size) + 8 * w.size)
+
+
+def softmax_case(mem, rng, batch, classes):
+    (hl, logits), (hy, labels) = mem.random(rng, (batch, classes), np.float16, 3.0), mem.random(
+        rng, batch, np.int32, classes)
+    loss, dl, scale = mem.output(1, np.float32), mem.output((batch, classes), np.float16), mem.constant(
+        np.array([1024.0], np.float32))
+
+    correct = mem.output(1, np.int32)
+
+    def record(t):
+        _loss.softmax_cross_entropy(t, logits, labels, 0.1, loss, dl, scale)
+        _loss.count_correct(t, logits, labels, correct)
+
+    def expected():
+        rl, rdl = ref.softmax_cross_entropy(f32(hl), hy, 0.1, 1024.0)
+        hits = np.array([np.count_nonzero(f32(hl).argmax(1) == hy)], np.int32)
+        return {"loss": (np.array([rl], np.float32), "fp32"), "dlogits": (rdl, "fp16"), "correct": (hits, "exact")}
+    return Case(record, {"loss": loss, "dlogits": dl, "correct": correct}, expected, 0, 4 * logits.size)
+
+
+def maxpool_case(mem, rng, batch, h, c):
+    (hx, x), oh = mem.random(rng, (batch, h, h, c), np.float16), (h + 2 - 3) // 2 + 1
+    y, argmax = mem.output((batch, oh, oh, c), np.float16), mem.output((batch, oh, oh, c), np.int32)
+
+    def expected():
+        ry, ra = ref.maxpool_forward(f32(hx), 3, 2, 1)
+        return {"y": (ry, "exact"), "argmax": (ra, "exact")}
+    return Case(lambda t: _pool.maxpool_forward(t, x, y, argmax, 3, 2, 1), {"y": y, "argmax": argmax}, expected,
+                0, 2 * x.size + 6 * y.size)
+
+
+def gap_case(mem, rng, batch, h, c):
+    (hx, x), y = mem.random(rng, (batch, h, h, c), np.float16), mem.output((batch, c), np.float16)
+    return Case(lambda t: _pool.gap_forward(t, x, y), {"y": y}, lambda: {"y": (ref.gap_forward(f32(hx)), "fp16")},
+                0, 2 * x.size)
+
+
+def adam_case(mem, rng, n):
+    (hp, p), (hg, g) = mem.random(rng, n, np.float32), mem.random(rng, n, np.float32)
+    m, v = mem.constant(np.zeros(n, np.float32)), mem.constant(np.zeros(n, np.float32))
+    lr, step, scale, flag = (mem.constant(np.array([a], t)) for a, t in
+                             [(1e-3, np.float32), (0, np.int32), (1.0, np.float32), (0, np.int32)])
+
+    def expected():
+        rp, rm, rv = ref.adam_step(hp, hg, np.zeros(n, np.float32), np.zeros(n, np.float32), 1e-3, 0.9, 0.999, 1e-8,
+                                   1e-2, 1, True)
+        return {"p": (rp, "fp32"), "m": (rm, "fp32"), "v": (rv, "fp32")}
+    return Case(lambda t: _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 1e-2, True),
+                {"p": p, "m": m, "v": v}, expected, 0, 4 * 7 * n)
+
+
+def overflow_and_cast_case(mem, rng, n):
+    (hp, p), flag, p16 = mem.random(rng, n, np.float32), mem.output(1, np.int32), mem.output(n, np.float16)
+
+    def record(t):
+        _optim.check_overflow(t, p, flag)
+        _elementwise.cast_f32_to_f16(t, p, p16)
+    return Case(record, {"found_inf": flag, "p16": p16},
+                lambda: {"found_inf": (np.zeros(1, np.int32), "exact"), "p16": (hp.astype(np.float16), "exact")},
+                0, 4 * n + 6 * n)
+
+
+def elementwise_case(mem, rng, n):
+    """The small elementwise kernels in one row: activation backward, add, accumulate, channel
+    pad, dropout backward, fp16 zeroing."""
+    (hx, x), (hdy, dy) = mem.random(rng, (n, 16), np.float16, 3.0), mem.random(rng, (n, 16), np.float16)
+    (hm, mask), dx = mem.random(rng, (n, 16), np.uint8, 2), mem.output((n, 16), np.float16)
+    added, acc = mem.output((n, 16), np.float16), mem.constant(hdy)
+    padded, unpadded = mem.output((n, 24), np.float16), mem.output((n, 16), np.float16)
+    dropped, zeroed = mem.output((n, 16), np.float16), mem.constant(hdy)
+
+    def record(t):
+        _elementwise.activation_backward(t, _elementwise.HARDSWISH, x, dy, dx, 0.1, False)
+        _elementwise.add_forward(t, x, dy, added)
+        _elementwise.accumulate_into(t, acc, x, True)
+        _elementwise.channel_pad_forward(t, x, padded)
+        _elementwise.channel_pad_backward(t, padded, unpadded, False)
+        _elementwise.dropout_backward(t, mask, dy, dropped, 0.2, False)
+        _elementwise.fill_zero(t, zeroed)
+
+    def expected():
+        x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
+        return {"dx": (ref.activation_backward(_elementwise.HARDSWISH, x64, dy64, 0.1), "fp16"),
+                "add": (x64 + dy64, "fp16"), "accumulate": (x64 + dy64, "fp16"),
+                "pad": (ref.channel_pad_forward(hx, 24), "exact"), "unpad": (hx, "exact"),
+                "dropout dx": (ref.dropout_backward(hm, dy64, 0.2), "fp16"), "zero": (np.zeros_like(hdy), "exact")}
+    return Case(record, {"dx": dx, "add": added, "accumulate": acc, "pad": padded, "unpad": unpadded,
+                         "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * 16)
+
+
+def pool_backward_case(mem, rng, batch, h, c):
+    """maxpool / avgpool forward+backward and the global-average-pool backward."""
+    (hx, x), oh = mem.random(rng, (batch, h, h, c), np.float16), (h + 2 - 3) // 2 + 1
+    (hdy, dy), (hgy, gdy) = mem.random(rng, (batch, oh, oh, c), np.float16), mem.random(rng, (batch, c), np.float16)
+    y, argmax, avg = (mem.output((batch, oh, oh, c), t) for t in (np.float16, np.int32, np.float16))
+    dx_max, dx_avg, dx_gap = (mem.output((batch, h, h, c), np.float16) for _ in range(3))
+
+    def record(t):
+        _pool.maxpool_forward(t, x, y, argmax, 3, 2, 1)
+        _pool.maxpool_backward(t, argmax, dy, dx_max, 3, 2, 1, False)
+        _pool.avgpool_forward(t, x, avg, 3, 2, 1)
+        _pool.avgpool_backward(t, dy, dx_avg, 3, 2, 1, False)
+        _pool.gap_backward(t, gdy, dx_gap, False)
+
+    def expected():
+        _, ra = ref.maxpool_forward(f32(hx), 3, 2, 1)
+        return {"maxpool dx": (ref.maxpool_backward(ra, f32(hdy), hx.shape), "fp16"),
+                "avgpool y": (ref.avgpool_forward(f32(hx), 3, 2, 1), "fp16"),
+                "avgpool dx": (ref.avgpool_backward(f32(hdy), hx.shape, 3, 2, 1), "fp16"),
+                "gap dx": (ref.gap_backward(f32(hgy), hx.shape), "fp16")}
+    return Case(record, {"maxpool dx": dx_max, "avgpool y": avg, "avgpool dx": dx_avg, "gap dx": dx_gap}, expected,
+                0, 2 * (4 * x.size + 6 * y.size))
+
+
+def residual_bn_case(mem, rng, rows, channels):
+    """Eval-mode BN + residual add + ReLU (the tail of a residual block), and SGD over a region."""
+    (hx, x), (hr, res) = mem.random(rng, (rows, channels), np.float16), mem.random(rng, (rows, channels), np.float16)
+    (hg, gamma), (hb, beta) = mem.random(rng, channels, np.float32), mem.random(rng, channels, np.float32)
+    (hm, rm), y = mem.random(rng, channels, np.float32), mem.output((rows, channels), np.float16)
+    rv = mem.constant(np.full(channels, 2.0, np.float32))
+    (hp, p), (hgrad, g) = mem.random(rng, rows, np.float32), mem.random(rng, rows, np.float32)
+    buf = mem.constant(np.zeros(rows, np.float32))
+    lr, step, scale, flag = (mem.constant(np.array([a], t)) for a, t in
+                             [(0.1, np.float32), (0, np.int32), (1.0, np.float32), (0, np.int32)])
+
+    def record(t):
+        _batchnorm.batchnorm_forward_eval(t, x, gamma, beta, rm, rv, 1e-5, y, activation="relu", residual=res)
+        _optim.sgd_step(t, p, g, buf, lr, step, scale, flag, 0.9, 0.0, True, 1e-4)
+
+    def expected():
+        ry = ref.batchnorm_forward_eval(f32(hx), hg, hb, hm, np.full(channels, 2.0), 1e-5) + f32(hr)
+        rp, rbuf = ref.sgd_step(hp, hgrad, np.zeros(rows), 0.1, 0.9, 0.0, True, 1e-4, True)
+        return {"y": (np.maximum(ry, 0), "fp16"), "p": (rp, "fp32"), "buf": (rbuf, "fp32")}
+    return Case(record, {"y": y, "p": p, "buf": buf}, expected, 0, 3 * 2 * x.size + 16 * rows)
+
+
+CONV_SHAPES = {   # (H, W, Cin, Cout, k, stride, pad, groups): CIFAR ResNet, ImageNet bottleneck, MobileNet
+    "conv3x3-64": (32, 32, 64, 64, 3, 1, 1, 1),
+    "conv3x3-128-s2": (32, 32, 64, 128, 3, 2, 1, 1),
+    "conv3x3-256": (8, 8, 256, 256, 3, 1, 1, 1),
+    "conv1x1-256-1024": (14, 14, 256, 1024, 1, 1, 0, 1),
+    "depthwise3x3-144": (28, 28, 144, 144, 3, 1, 1, 144),
+}
+
+
+def table(batch):
+    """``name -> builder(mem, rng)`` for every row; ``batch`` scales the activations."""
+    rows = {}
+    for i, (name, shape) in enumerate(CONV_SHAPES.items()):   # every other forward with the BN-stats epilogue
+        rows[f"{name} fwd" + (" +stats" if i % 2 == 0 else "")] = lambda mem, rng, s=shape, st=i % 2 == 0: conv_case(
+            mem, rng, batch, *s, "fwd", st)
+        rows[f"{name} bwd"] = lambda mem, rng, s=shape: conv_case(mem, rng, batch, *s, "bwd")
+    for direction in ("fwd", "bwd"):
+        rows[f"batchnorm 64ch {direction}"] = lambda mem, rng, d=direction: batchnorm_case(
+            mem, rng, batch * 32 * 32, 64, d)
+        rows[f"linear 512-1000 {direction}"] = lambda mem, rng, d=direction: linear_case(mem, rng, batch, 512, 1000, d)
+    rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, _elementwise.GELU)
+    rows["dropout"] = lambda mem, rng: dropout_case(mem, rng, batch * 4096)
+    rows["maxpool 3-2-1"] = lambda mem, rng: maxpool_case(mem, rng, batch, 32, 64)
+    rows["gap 8x8x512"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 512)
+    rows["softmax-ce 1000"] = lambda mem, rng: softmax_case(mem, rng, batch, 1000)
+    rows["pool backward"] = lambda mem, rng: pool_backward_case(mem, rng, batch, 32, 64)
+    rows["elementwise small"] = lambda mem, rng: elementwise_case(mem, rng, batch * 1024)
+    rows["bn eval residual + sgd"] = lambda mem, rng: residual_bn_case(mem, rng, batch * 1024, 64)
+    n_params = PARAMETERS if batch == TIMING_BATCH else 1 << 16
+    rows["adamw region"] = lambda mem, rng: adam_case(mem, rng, n_params)
+    rows["overflow+cast region"] = lambda mem, rng: overflow_and_cast_case(mem, rng, n_params)
+    return rows
