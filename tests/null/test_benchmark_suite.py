@@ -6,7 +6,11 @@ a helper such as `time_tape(tape, stream)` in a script module then breaks `asv c
 number of arguments"). Read from the source with `ast`, so the test needs neither asv nor a GPU.
 """
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 ASV_PREFIXES = ("time_", "timeraw_", "mem_", "peakmem_", "track_")
@@ -31,3 +35,16 @@ def test_the_planner_benchmarks_are_asv_benchmarks():
     methods = {f"{c.name}.{f.name}" for c in tree.body if isinstance(c, ast.ClassDef)
                for f in c.body if isinstance(f, ast.FunctionDef) and f.name.startswith(ASV_PREFIXES)}
     assert {"ExpandTree.time_expand_tree", "FromBlueprint.time_from_blueprint", "Compile.time_compile"} <= methods
+
+
+def test_compile_vs_torch_prints_both_sides():
+    """`benchmarks/compile_vs_torch.py` on the small MLP (torch.compile of its step takes ~15 s here):
+    it checks that both sides build the same network and prints our plan time against torch.compile's."""
+    pytest.importorskip("torch", reason="PyTorch not installed: the comparison needs it (pip install torch==2.13.0)")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "compile_vs_torch.py"), "--model", "mlp", "--batch", "8",
+                           "--repeats", "3"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| what") and rows[1].startswith("| ours: plan") and " ms |" in rows[1], done.stdout
+    ratios = [float(row.rsplit("|", 2)[1].strip().rstrip("x").replace(",", "")) for row in rows[2:]]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios), done.stdout
