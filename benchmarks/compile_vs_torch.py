@@ -28,20 +28,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODELS = {   # name -> (input (H, W, C), the zoo factory's name and arguments)
-    "resnet20": ((32, 32, 3), ("resnet20", ())),
-    "mlp": ((1, 1, 784), ("mlp", ([784, 1024, 512, 256, 10],))),
-}
+from blueprint import zoo  # noqa: E402
+
+MODELS = ("resnet20", "mlp")   # zoo models with a PyTorch twin of the same name (default arguments on both sides)
 
 
 def ours_ms(model: str, batch: int, repeats: int) -> tuple[float, int]:
     """(median wall ms of a full plan compile, trainable parameters)."""
-    from blueprint import zoo
     from planner import ArchPlan
     from planner.compiler import Compiler
 
-    (h, w, c), (factory, args) = MODELS[model]
-    bp = getattr(zoo, factory)(*args)
+    h, w, c = zoo.MODELS[model].input_shape
+    bp = zoo.MODELS[model].build()
     variants = {"train": (batch, h, w, c), "eval": (batch, h, w, c)}
     times, plan = [], None
     for _ in range(repeats):
@@ -59,8 +57,8 @@ def torch_seconds(model: str, batch: int) -> dict[str, float]:
 
     import torch_models
 
-    (h, w, c), (factory, args) = MODELS[model]
-    net = getattr(torch_models, factory)(*args).train()
+    h, w, c = zoo.MODELS[model].input_shape
+    net = getattr(torch_models, model)().train()
     if model == "mlp":
         x = torch.randn(batch, h * w * c)
     else:
@@ -94,7 +92,7 @@ def _seconds(fn) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(MODELS), default="resnet20")
+    parser.add_argument("--model", choices=MODELS, default="resnet20")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=21, help="fresh plan compiles to take the median of")
     args = parser.parse_args(argv)
@@ -107,7 +105,7 @@ def main(argv=None) -> int:
     if theirs["params"] != our_params:
         raise SystemExit(f"{args.model}: the PyTorch twin has {theirs['params']:,} parameters, our plan "
                          f"{our_params:,}: not the same network")
-    (h, w, c), _ = MODELS[args.model]
+    h, w, c = zoo.MODELS[args.model].input_shape
     print(f"{args.model}, batch {args.batch}, {h}x{w}x{c}, {our_params:,} parameters; one eager PyTorch step "
           f"{theirs['eager_step'] * 1e3:.0f} ms")
     print("| what | time | PyTorch / ours |")
