@@ -13,16 +13,15 @@ unknown model, a file without the attribute, a shape that does not fit) prints o
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import inspect
 import json
 import math
 import os
 import sys
-from pathlib import Path
 
 from blueprint import __version__, zoo
-from blueprint._layer import BluePrint, Layer
+from blueprint._layer import BluePrint
+from blueprint._model_source import CliError, load_model
+from blueprint._train_command import add_train_command
 from planner import ArchPlan, ExpandError
 from planner.compiler import CompiledPlan, Compiler
 from planner.memory import lifetimes
@@ -33,10 +32,9 @@ EXIT_USER_ERROR = 2
 DEFAULT_BATCH = 32
 
 
-class CliError(Exception):
-    """A mistake in the command line or the model file; printed as one `error: ...` line."""
-
-
+#: What main() reports as one `error: <cause>; <fix>` line with exit status 2: the user-error family
+#: (`ValueError`/`TypeError` and their subclasses: `ConfigError`, `ShapeError`, `ExpandError`,
+#: `InputError`, ...) and the CLI's own. Anything else is a bug and keeps its traceback.
 USER_ERRORS = (CliError, ExpandError, ShapeError, PlanError, ValueError, TypeError, FileNotFoundError)
 
 
@@ -129,55 +127,6 @@ def run_plan(args) -> int:
     return 0
 
 
-def load_model(spec: str, input_shape: tuple[int, int, int] | None) -> tuple[BluePrint, tuple[int, int, int]]:
-    """A zoo name, or `path/to/file.py:attr`; returns the BluePrint and the (H, W, C) to plan for."""
-    if spec in zoo.MODELS:
-        entry = zoo.MODELS[spec]
-        return entry.build(), input_shape or entry.input_shape
-    path, colon, attr = spec.rpartition(":")
-    if not colon and spec.endswith(".py"):
-        raise CliError(f"{spec}: name the BluePrint in the file after a colon, like {spec}:bp")
-    if not colon:
-        raise CliError(f"unknown model {spec!r}: expected a zoo name ({', '.join(zoo.MODELS)}) "
-                       f"or path/to/file.py:attr")
-    bp = load_blueprint_file(Path(path), attr)
-    if input_shape is None:
-        raise CliError(f"{spec}: a model from a file needs --input-shape H,W,C (e.g. --input-shape 32,32,3)")
-    return bp, input_shape
-
-
-def load_blueprint_file(path: Path, attr: str) -> BluePrint:
-    if not path.is_file():
-        raise CliError(f"{path}: no such file (MODEL is a zoo name or path/to/file.py:attr)")
-    if not attr.isidentifier():
-        raise CliError(f"{path}:{attr}: expected an attribute name after the colon, like {path}:bp")
-    module_spec = importlib.util.spec_from_file_location(f"_blueprint_user_model_{path.stem}", path)
-    if module_spec is None:
-        raise CliError(f"{path}: not a Python file (MODEL is a zoo name or path/to/file.py:attr)")
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:  # the user's code: report it as one line whatever it raised
-        raise CliError(f"{path}: running the file raised {type(error).__name__}: {error}") from error
-    if not hasattr(module, attr):
-        found = sorted(n for n, v in vars(module).items() if isinstance(v, BluePrint) and not n.startswith("_"))
-        hint = f"; BluePrints it defines: {', '.join(found)}" if found else ""
-        raise CliError(f"{path} has no attribute {attr!r}{hint}")
-    value = getattr(module, attr)
-    if callable(value) and not isinstance(value, BluePrint):
-        try:
-            inspect.signature(value).bind()
-        except (TypeError, ValueError):
-            raise CliError(f"{path}:{attr} is a callable that needs arguments; expected a BluePrint or a "
-                           f"function of no arguments returning one") from None
-        value = value()
-    if not isinstance(value, BluePrint):
-        hint = f"; wrap the layer as BluePrint({attr})" if isinstance(value, Layer) else ""
-        raise CliError(f"{path}:{attr} has type {type(value).__name__}, expected a BluePrint "
-                       f"(or a function of no arguments returning one){hint}")
-    return value
-
-
 def compile_plan(bp: BluePrint, input_shape, batch: int, eval_batch: int, fuse: bool, amp: bool) -> CompiledPlan:
     height, width, channels = input_shape
     arch = ArchPlan.from_blueprint(bp, in_channels=channels, fuse=fuse, amp=amp)
@@ -264,6 +213,4 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozens
 
 
 # One function per subcommand, in `--help` order.
-from blueprint._train_command import add_train_command  # noqa: E402  (it imports load_model from here lazily)
-
 SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command)

@@ -16,12 +16,19 @@ from blueprint._layer import (
 
 
 # ---- argument checks ---------------------------------------------------------------------
+#: The largest value an int argument (a width, kernel, stride, count) may take: the planner's
+#: shapes, offsets and kernels index in 32/64-bit integers.
+LARGEST_INT = 2**31 - 1
+
+
 def _int(factory: str, name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise TypeError(f"{factory}(): {name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{factory}(): {name} must be {what}, got {value}")
+    if value > LARGEST_INT:
+        raise ValueError(f"{factory}(): {name} must be at most 2**31-1, got {value}")
     return int(value)
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from blueprint import zoo
+from blueprint._model_source import CliError, load_model
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
 from blueprint.task.data import Augment, cifar10, digits, synthetic
@@ -50,13 +51,10 @@ def load_data(spec: str):
     if spec.startswith("cifar10:"):
         train, test = cifar10(spec.split(":", 1)[1])
         return train, test, "cifar10"
-    from blueprint._cli import CliError
     raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}")
 
 
 def build_task(args, train, val, data_name: str) -> DeepLearningTask:
-    from blueprint._cli import CliError, load_model
-
     if args.epochs < 1 or args.batch_size < 1:
         raise CliError(f"--epochs and --batch-size must be positive, got {args.epochs} and {args.batch_size}")
     if args.model in zoo.MODELS:
@@ -79,8 +77,12 @@ def _features(dataset) -> int:
 
 
 def run_train(args) -> int:
+    if args.device == "cuda":
+        _check_cuda()
     train, val, data_name = load_data(args.data)
     out = Path(args.out or f"runs/{Path(args.model.split(':')[0]).stem}-{data_name}")
+    if out.exists() and not out.is_dir():
+        raise CliError(f"--out {out}: a file of that name exists; give a folder (new or one of an earlier run)")
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "checkpoint.safetensors"
     history_path = out / "history.jsonl"
@@ -112,6 +114,19 @@ def run_train(args) -> int:
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
+
+
+def _check_cuda() -> None:
+    """Refuse `--device cuda` before any work where the CUDA kernels cannot run, with the CLI's fix."""
+    try:
+        from cuda_kernels import cuda_unavailable_reason
+    except ImportError as error:
+        raise CliError(f"--device cuda needs numba-cuda ({error}); pip install 'blueprint-nn[cuda]', "
+                       f"or train on the CPU with --device cpu") from error
+    why = cuda_unavailable_reason()
+    if why:
+        raise CliError(f"--device cuda: {why.split(';')[0]}; train on the CPU with --device cpu (or set "
+                       f"NUMBA_ENABLE_CUDASIM=1 to run the CUDA kernels in numba's simulator, slowly)")
 
 
 def _plot(history, path: Path) -> Path | None:

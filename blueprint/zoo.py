@@ -162,7 +162,19 @@ class ZooEntry:
     summary: str
 
 
-MODELS: dict[str, ZooEntry] = {
+class UnknownModelError(KeyError, ValueError):
+    """A zoo name that is not in `MODELS` (a KeyError for mapping code, a ValueError for the CLI)."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class _ModelTable(dict):
+    def __missing__(self, name):
+        raise UnknownModelError(f"unknown zoo model {name!r}; known models: {', '.join(self)}")
+
+
+MODELS: dict[str, ZooEntry] = _ModelTable({
     "small_cnn": ZooEntry(small_cnn, (8, 8, 1), 10, "3 CBR + max pool + GAP + FC (the default demo, UCI digits)"),
     "mlp": ZooEntry(mlp, (1, 1, 784), 10, "MLP 784-1024-512-256-10"),
     "resnet20": ZooEntry(resnet20, (32, 32, 3), 10, "He et al. CIFAR ResNet-20"),
@@ -177,4 +189,4 @@ MODELS: dict[str, ZooEntry] = {
     "vgg11_bn": ZooEntry(vgg11_bn, (224, 224, 3), 1000, "torchvision VGG-11-BN (conv without bias)"),
     "vgg16_bn": ZooEntry(vgg16_bn, (224, 224, 3), 1000, "torchvision VGG-16-BN (conv without bias)"),
     "mobilenet_v2": ZooEntry(mobilenet_v2, (224, 224, 3), 1000, "torchvision MobileNetV2"),
-}
+})

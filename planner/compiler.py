@@ -175,8 +175,23 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
                                  f"(input {first_in}) gives {[s for _, s in param_shapes[position]]}, {variant!r} "
                                  f"(input {ins[0]}) gives {[s for _, s in params]}; variants must agree on every "
                                  f"shape that reaches a parameter (e.g. the features entering an fc)")
+        _check_addressable(variant, shape, shapes, param_shapes)
         value_shapes[variant] = shapes
     return value_shapes, param_shapes
+
+
+#: Bytes one plan may address at most: offsets are int64, and a tensor's bytes, its gradient's and
+#: their sum must all stay in range.
+LARGEST_ARENA_BYTES = 2**60
+
+
+def _check_addressable(variant, input_shape, shapes, param_shapes) -> None:
+    elements = sum(math.prod(s) for s in shapes.values())
+    elements += sum(math.prod(s) for params in param_shapes.values() for _, s in params)
+    if elements * 8 > LARGEST_ARENA_BYTES:  # fp32 values and their gradients
+        raise ShapeError(f"variant {variant!r}: input shape {input_shape} makes the network's tensors hold "
+                         f"{elements:.3g} values, more than one plan can address (2**60 bytes); lower the "
+                         f"batch size, the image size or the layer widths")
 
 
 # ---- phase 2 ------------------------------------------------------------------------------------

@@ -24,6 +24,14 @@ class InputError(ValueError):
     """A batch the plan cannot run: wrong shape/dtype, labels out of range, NaN/Inf values."""
 
 
+class StateDictError(KeyError, ValueError):
+    """A state dict that does not fit the plan (missing, unexpected or mis-shaped keys); nothing was
+    loaded. A KeyError for mapping code, a ValueError (a user error) for the CLI."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class ExecutorBase:
     def __init__(self, plan, loss, optimizer, seed: int):
         from blueprint.optim import SGD, CrossEntropyLoss
@@ -116,7 +124,8 @@ class ExecutorBase:
         if wrong:
             problems.append("mis-shaped keys " + "; ".join(wrong[:10]))
         if problems:
-            raise KeyError("load_state_dict: " + "; ".join(problems) + " (nothing was loaded)")
+            raise StateDictError("load_state_dict: " + "; ".join(problems) + " (nothing was loaded); the weights "
+                                 "are for another model or input shape")
         for tid, value in converted.items():
             self._write(tid, value)
 

@@ -31,6 +31,10 @@ class ConfigError(ValueError):
     """The task's configuration cannot run; the message says what is missing or inconsistent."""
 
 
+class DivergedError(FloatingPointError, ValueError):
+    """The training loss became NaN or Inf: the learning rate or the data, not a bug."""
+
+
 @dataclass(frozen=True)
 class EpochRecord:
     epoch: int
@@ -132,6 +136,10 @@ class DeepLearningTask:
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"DeepLearningTask.data({name}=...): expected a positive int, got {value!r}")
+        if not (normalize is None or (isinstance(normalize, str) and normalize == "auto")
+                or (isinstance(normalize, tuple) and len(normalize) == 2)):
+            raise ConfigError(f"DeepLearningTask.data(normalize=...): expected 'auto' (the train set's channel "
+                              f"statistics), None (no normalisation) or a (mean, std) pair, got {normalize!r}")
         return self._new(train_set=train, val_set=val, batch=batch_size or self.batch,
                          eval_batch=eval_batch_size, augmentation=augment, normalisation=normalize)
 
@@ -264,6 +272,11 @@ class DeepLearningTask:
     def _loaders(self):
         if self.normalisation == "auto":
             mean, std = self.train_set.channel_stats()
+            if min(std) <= 0:
+                channel = std.index(min(std))
+                raise ConfigError(f"channel {channel} of the training data is constant (every value {mean[channel]:g}), "
+                                  f"so normalize='auto' would divide by its std 0; pass .data(normalize=(mean, std)) "
+                                  f"with std 1 for that channel, or normalize=None, or drop the channel")
         elif self.normalisation is None:
             mean = std = None
         else:
@@ -308,8 +321,8 @@ class DeepLearningTask:
                     lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
                     loss = session.executor.train_step(x, y, lr)
                     if not math.isfinite(loss):
-                        raise FloatingPointError(f"epoch {epoch + 1}, step {step}: the loss became {loss}; lower the "
-                                                 f"learning rate (now {lr:g}) or check the data")
+                        raise DivergedError(f"training diverged at epoch {epoch + 1}, step {step}: the loss became "
+                                            f"{loss}; lower the learning rate (now {lr:g}) or check the data")
                     seen += len(y)
                     loss_sum += loss * len(y)
                     correct += session.executor.last_correct

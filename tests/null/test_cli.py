@@ -175,14 +175,32 @@ ERRORS = [
     (["plan", "{net}:unfusable", "--input-shape", "8,8,3", "--fuse", "--amp"], "multiples of 8"),
     (["plan", "{dir}/absent.py:bp", "--input-shape", "8,8,3"], "no such file"),
     (["plan", "{broken}:bp", "--input-shape", "8,8,3"], "running the file raised ValueError: conv(): out_ch"),
+    (["plan", "resnet20", "--batch", str(10**20)], "more than one plan can address (2**60 bytes); lower the batch"),
+    (["plan", "{huge}:bp", "--input-shape", "8,8,3"], "conv(): out_ch must be at most 2**31-1, got " + str(10**30)),
+    (["plan", "{factories}:unknown_zoo_name", "--input-shape", "8,8,3"],
+     "unknown_zoo_name() raised UnknownModelError: unknown zoo model 'resnet21'; known models: small_cnn, mlp"),
+    (["plan", "{factories}:key_error", "--input-shape", "8,8,3"], "key_error() raised KeyError: 'depth'"),
 ]
+FACTORIES = """
+    from blueprint import zoo
+
+    def unknown_zoo_name():
+        return zoo.MODELS["resnet21"].build()
+
+    def key_error():
+        return {}["depth"]
+"""
 
 
 @pytest.mark.parametrize("argv, message", ERRORS, ids=[" ".join(a) for a, _ in ERRORS])
 def test_errors_exit_2_with_a_one_line_message(capsys, net_py, argv, message):
     broken = net_py.parent / "broken.py"
     broken.write_text("from blueprint import *\nbp = BluePrint(seq(conv(0, 3)))\n")
-    argv = [a.format(net=net_py, dir=net_py.parent, broken=broken) for a in argv]
+    huge = net_py.parent / "huge.py"
+    huge.write_text("from blueprint import *\nbp = BluePrint(seq(conv(10**30, 3), gap(), fc(4)))\n")
+    factories = net_py.parent / "factories.py"
+    factories.write_text(textwrap.dedent(FACTORIES))
+    argv = [a.format(net=net_py, dir=net_py.parent, broken=broken, huge=huge, factories=factories) for a in argv]
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -47,6 +47,11 @@ class ArrayDataset:
             raise ValueError(f"{where} expects one label per image; found {len(x)} images and {len(y)} labels.")
         if len(y) and y.min() < 0:
             raise ValueError(f"{where} expects labels >= 0; found {int(y.min())} at index {int(np.argmin(y))}.")
+        if len(y) == 0 and self.num_classes is None:
+            raise ValueError(f"{where} is empty: x has shape {x.shape}, so the data contains no images; load the "
+                             f"images first (or pass num_classes=... for a set that is empty on purpose)")
+        if x.dtype == np.float32:
+            _check_finite(x, where)
         largest = int(y.max()) if len(y) else -1
         num_classes = largest + 1 if self.num_classes is None else self.num_classes
         if num_classes <= largest or num_classes < 1:
@@ -99,3 +104,15 @@ class ArrayDataset:
         var = np.maximum(total_sq / count - mean_shifted * mean_shifted, 0.0)
         mean = mean_shifted + shift
         return (tuple(float(m) for m in mean / scale), tuple(float(s) for s in np.sqrt(var) / scale))
+
+
+def _check_finite(x: np.ndarray, where: str) -> None:
+    """Refuse NaN/Inf pixels, naming the first one (chunked: never a boolean copy of the whole set)."""
+    for start in range(0, len(x), STATS_CHUNK):
+        chunk = x[start:start + STATS_CHUNK]
+        bad = ~np.isfinite(chunk)
+        if bad.any():
+            n, h, w, c = np.argwhere(bad)[0]
+            kind = "NaN" if np.isnan(chunk[n, h, w, c]) else "Inf"
+            raise ValueError(f"{where}: the data contains {kind} (first at image {start + n}, pixel ({h}, {w}), "
+                             f"channel {c}); drop or repair those images before training")

@@ -122,7 +122,10 @@ class DataLoader:
         mean = _per_channel("mean", self.mean, channels, 0.0)
         std = _per_channel("std", self.std, channels, 1.0)
         if np.any(std <= 0):
-            raise ValueError(f"DataLoader expects std > 0 in every channel; found {self.std!r}.")
+            channel = int(np.argmax(std <= 0))
+            raise ValueError(f"DataLoader expects std > 0 in every channel; found std {std[channel]:g} in channel "
+                             f"{channel} of {self.dataset!r} (a constant channel, if it came from channel_stats()); "
+                             f"pass std=1 for that channel, or drop the channel from the data.")
         if len(self) == 0:
             raise ValueError(f"DataLoader over {self.dataset!r} with batch_size={self.batch_size}, "
                              f"drop_last={self.drop_last} yields no batches. Lower batch_size or set drop_last=False.")
