@@ -371,14 +371,38 @@ def _args(layer: Layer) -> list[str]:
 
 
 def layer_code(layer: Layer) -> str:
-    """DSL code that rebuilds `layer`: `eval(layer_code(x)) == x` with `from blueprint import *`."""
+    """DSL code that rebuilds `layer`: `eval(layer_code(x)) == x` with `from blueprint import *`.
+
+    Iterative: a stack of nodes still to print and text to emit after their children."""
+    out, stack = [], [layer]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        parts = _container_parts(item)
+        if parts is None:
+            out.append(f"{item.kind.value}({', '.join(_args(item))})")
+            continue
+        prefix, suffix = parts
+        out.append(prefix)
+        stack.append(suffix)
+        for index in reversed(range(len(item.children))):
+            stack.append(item.children[index])
+            if index:
+                stack.append(", ")
+    return "".join(out)
+
+
+def _container_parts(layer: Layer) -> tuple[str, str] | None:
+    """The code around a container's children (`seq(` ... `)`), or None for a leaf."""
     if layer.kind in (Kind.SEQ, Kind.ADD2):
-        return f"{layer.kind.value}({', '.join(layer_code(c) for c in layer.children)})"
+        return f"{layer.kind.value}(", ")"
     if layer.kind is Kind.REPEAT:
-        return f"repeat({layer_code(layer.children[0])}, {layer.params.times})"
+        return "repeat(", f", {layer.params.times})"
     if layer.kind is Kind.NAMED:
-        return f"named({layer.params.name!r}, {layer_code(layer.children[0])})"
-    return f"{layer.kind.value}({', '.join(_args(layer))})"
+        return f"named({layer.params.name!r}, ", ")"
+    return None
 
 
 def layer_head(layer: Layer) -> str:

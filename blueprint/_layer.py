@@ -174,9 +174,19 @@ class MbconvParams:
 
 
 # ---- the tree ----------------------------------------------------------------------------
-@dataclass(frozen=True)
+#: `pretty()` indents two spaces a level up to this depth; deeper lines carry their depth as a
+#: number instead, so that a 10,000-deep chain prints in linear, not quadratic, size.
+PRETTY_MAX_INDENT = 40
+
+
+@dataclass(frozen=True, eq=False)
 class Layer:
-    """One node of a network: a kind, its frozen parameter record, its child layers."""
+    """One node of a network: a kind, its frozen parameter record, its child layers.
+
+    Equality and hashing are structural and, like `repr`, `walk` and `pretty`, iterative: a
+    tree as deep as memory allows (`for _ in range(10_000): net = seq(net, relu())`) works.
+    A node's hash is computed once and cached (the node is immutable).
+    """
 
     kind: Kind
     params: object = None
@@ -187,19 +197,71 @@ class Layer:
 
         return layer_code(self)
 
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        return cached if cached is not None else _structural_hash(self)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Layer):
+            return NotImplemented
+        return _structurally_equal(self, other)
+
     def walk(self, path: str = "") -> Iterator[tuple[str, "Layer"]]:
         """Yield `(dsl_path, layer)` for this layer and every descendant, parents first."""
-        yield path or self.kind.value, self
-        for index, child in enumerate(self.children):
-            yield from child.walk(child_path(path or self.kind.value, self, index, child))
+        stack = [(path or self.kind.value, self)]
+        while stack:
+            node_path, node = stack.pop()
+            yield node_path, node
+            for index in reversed(range(len(node.children))):
+                child = node.children[index]
+                stack.append((child_path(node_path, node, index, child), child))
 
     def pretty(self, indent: str = "") -> str:
         """A tree printout for humans, one node a line."""
         from blueprint._factories import layer_head
 
-        lines = [indent + layer_head(self)]
-        lines += [child.pretty(indent + "  ") for child in self.children]
+        lines, stack = [], [(self, 0)]
+        while stack:
+            node, depth = stack.pop()
+            margin = "  " * min(depth, PRETTY_MAX_INDENT) + (f"[depth {depth}] " if depth > PRETTY_MAX_INDENT else "")
+            lines.append(indent + margin + layer_head(node))
+            stack.extend((child, depth + 1) for child in reversed(node.children))
         return "\n".join(lines)
+
+
+def _structural_hash(root: Layer) -> int:
+    """Hash every not yet hashed node below `root`, children first, caching each on its node."""
+    stack = [root]
+    while stack:
+        node = stack[-1]
+        if "_hash" in node.__dict__:
+            stack.pop()
+            continue
+        pending = [child for child in node.children if "_hash" not in child.__dict__]
+        if pending:
+            stack.extend(pending)
+            continue
+        value = hash((node.kind, node.params, tuple(child.__dict__["_hash"] for child in node.children)))
+        object.__setattr__(node, "_hash", value)
+        stack.pop()
+    return root.__dict__["_hash"]
+
+
+def _structurally_equal(a: Layer, b: Layer) -> bool:
+    """Pairwise walk of both trees; shared subtrees (`repeat`, reused blocks) are compared once."""
+    stack, compared = [(a, b)], set()
+    while stack:
+        x, y = stack.pop()
+        if x is y or (id(x), id(y)) in compared:
+            continue
+        compared.add((id(x), id(y)))
+        if x.kind is not y.kind or len(x.children) != len(y.children) or x.params != y.params:
+            return False
+        hx, hy = x.__dict__.get("_hash"), y.__dict__.get("_hash")
+        if hx is not None and hy is not None and hx != hy:
+            return False
+        stack.extend(zip(x.children, y.children))
+    return True
 
 
 def child_path(parent_path: str, parent: Layer, index: int, child: Layer) -> str:
@@ -212,11 +274,27 @@ def child_path(parent_path: str, parent: Layer, index: int, child: Layer) -> str
 
 
 def map_layers(layer: Layer, fn: Callable[[Layer], Layer]) -> Layer:
-    """Rebuild a tree bottom-up, applying `fn` to every node (children first)."""
-    children = tuple(map_layers(child, fn) for child in layer.children)
-    if children != layer.children:
-        layer = Layer(layer.kind, layer.params, children)
-    return fn(layer)
+    """Rebuild a tree bottom-up, applying `fn` to every node (children first); a subtree shared
+    by several parents is mapped once and stays shared."""
+    mapped: dict[int, Layer] = {}
+    stack = [layer]
+    while stack:
+        node = stack[-1]
+        if id(node) in mapped:
+            stack.pop()
+            continue
+        pending = [child for child in node.children if id(child) not in mapped]
+        if pending:
+            stack.extend(pending)
+            continue
+        children = tuple(mapped[id(child)] for child in node.children)
+        if any(new is not old for new, old in zip(children, node.children)):
+            node_now = Layer(node.kind, node.params, children)
+        else:
+            node_now = node
+        mapped[id(node)] = fn(node_now)
+        stack.pop()
+    return mapped[id(layer)]
 
 
 @dataclass(frozen=True)

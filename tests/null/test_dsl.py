@@ -49,6 +49,8 @@ FACTORIES = {
     conv: ([call(8, 1), call(16, 3, 1, 1), call(64, 7, 2, 3), call(out_ch=32, k=5, s=2, p=4)],
            [bad(ValueError, "out_ch must be a positive int, got 0", 0, 3),
             bad(ValueError, "out_ch must be a positive int, got -8", -8, 3),
+            bad(ValueError, "out_ch must be at most 2**31-1, got " + str(10**30), 10**30, 3),
+            bad(ValueError, "k must be at most 2**31-1, got 2147483648", 8, 2**31),
             bad(ValueError, "k must be a positive int, got 0", 8, 0),
             bad(ValueError, "s must be a positive int, got 0", 8, 3, 0, 1),
             bad(ValueError, "p must be an int >= 0, got -1", 8, 3, 1, -1),
