@@ -14,19 +14,18 @@ small convolutions run the partitions one after another, larger ones on the thre
 (``prange``). Either way every GEMM runs on a single-threaded BLAS
 (numba's ``np.dot`` uses SciPy's BLAS; several threads calling a multi-threaded OpenBLAS at
 once serialise badly, and a second thread pool spinning next to numba's costs more than it
-gives), so the wrappers pin it to one thread for the duration of a call. The backward pass
+gives), so the wrappers pin it to one thread for the duration of a call (``cpu_ref._blas``:
+reference-counted across Python threads). The backward pass
 partitions by *sample*, so that the col2im scatter of two workers never touches the same
 ``dx`` element, and sums per-worker weight gradients in a fixed order: results are
 deterministic for a given thread count.
 """
 import contextlib
-import ctypes
-import glob
-import os
 
 import numpy as np
 from numba import njit, prange, uint64
 
+from cpu_ref._blas import BLAS_THREADS, one_blas_thread
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
@@ -36,47 +35,12 @@ COL_CHUNK_BYTES = 1 << 19
 MACS_PER_ELEMENT = 16
 
 
-# ---------------------------------------------------------------------------- BLAS threads
-
-def _find_blas_thread_control():
-    """``(get, set)`` for the thread count of the OpenBLAS SciPy bundles, or ``None``."""
-    try:
-        import scipy
-    except ImportError:
-        return None
-    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)), "scipy.libs", "*openblas*"))
-    for path in libs:
-        lib = ctypes.CDLL(path)
-        for prefix in ("scipy_openblas_", "openblas_"):
-            get = getattr(lib, prefix + "get_num_threads", None)
-            set_ = getattr(lib, prefix + "set_num_threads", None)
-            if get is not None and set_ is not None:
-                get.restype = ctypes.c_int
-                set_.argtypes = [ctypes.c_int]
-                return get, set_
-    return None
-
-
-_BLAS_THREADS = _find_blas_thread_control()
-
-
-@contextlib.contextmanager
-def _blas_pinned_to_one_thread():
-    get, set_ = _BLAS_THREADS
-    previous = get()
-    set_(1)
-    try:
-        yield
-    finally:
-        set_(previous)
-
-
 def _gemm_partitions(units):
     """Partition count for a GEMM kernel over ``units`` rows or samples, and the context its
     BLAS calls must run in."""
-    if _BLAS_THREADS is None:  # cannot pin BLAS threads: one partition, BLAS parallelises itself
+    if BLAS_THREADS is None:  # cannot pin BLAS threads: one partition, BLAS parallelises itself
         return 1, contextlib.nullcontext()
-    return partitions(units), _blas_pinned_to_one_thread()
+    return partitions(units), one_blas_thread()
 
 
 def _chunk_rows(rows_per_worker, row_len):
