@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from blueprint import BluePrint, Kind, Layer, cbr, fc, gap, map_layers, relu, relu6, repeat, seq
+from blueprint import BluePrint, Kind, Layer, cbr, map_layers, relu, relu6, repeat, seq
 
 DEPTH = 10_000
 BASE = "cbr(4, 3, 1, 1)"
