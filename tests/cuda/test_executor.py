@@ -15,16 +15,26 @@ Python thread per CUDA thread), batch 4 with one downsampling, so that every Bat
 normalises at least 16 values (with two downsamplings, BatchNorms over 2 x 1 x 1 values, the
 second step's gradients of the fp16 and fp32 paths differed by tens of percent).
 
+Nothing runs free: before its second step each CUDA executor is loaded with the CPU
+reference's parameters and BN statistics (each keeps its own optimizer state, so momentum
+is still tested across steps), so every step starts from the same weights on every path.
+Two paths left to run free drift apart by the rounding of one step, and a BatchNorm over 16
+values amplifies that differently on every machine.
+
 Tolerances: activations are stored in fp16 (2**-11 relative rounding per store), so the
 fp16 paths differ from fp32 by a few 1e-3 after a forward and backward through a dozen
 layers. Tensors are compared by the 2-norm of their difference, relative to their own norm
 with a floor of 1% of the largest norm among the tensors compared (``assert_close``): a gradient
 that is zero in exact arithmetic (a bias feeding a linear layer and a BatchNorm) is pure
-rounding noise on every path. Losses within 1e-2 relative; the first step's gradients (same
-weights on every path) within ``GRAD_TOL``. After that the paths start from slightly
-different weights and BatchNorm over 16 values amplifies the difference, so the parameters
-after two steps are compared by their updates (``UPDATE_TOL``), BN statistics and eval
-logits within ``GRAD_TOL``.
+rounding noise on every path. Losses within 1e-2 relative; the first step's gradients within
+``GRAD_TOL``; the second step's update (from identical weights, with each path's own
+momentum) within ``UPDATE_TOL``; BN statistics and eval logits within ``GRAD_TOL``. (The
+second step's gradients alone are not compared: at its weights some ReLU6 input of
+tiny_mobilenet lies within fp16 rounding of a kink, and the BatchNorm backward spreads that
+one flipped element to a 6% difference in the first layer's gradient, measured in the
+simulator; the update, which carries the first step's momentum, stays within UPDATE_TOL.) The
+same-path checks (tape replay, separate buffers) also restart every step from one state, so
+that only the order of fp32 atomic adds within that step can differ.
 """
 import numpy as np
 import pytest
@@ -50,7 +60,7 @@ FUSED_KINDS = {"tiny_resnet": {"cbr", "basic_block", "bottleneck", "gap_fc"},
                "tiny_mobilenet": {"cbr", "inv_residual", "gap_fc"}}
 NETS = {"tiny_resnet": TINY_RESNET, "tiny_mobilenet": TINY_MOBILENET}
 BATCH, HWC, CLASSES, LR = 4, (4, 4, 3), 5, 0.02
-GRAD_TOL, UPDATE_TOL = 2e-2, 1e-1   # measured worst: 0.5% and 5.2% (a BN weight of tiny_mobilenet)
+GRAD_TOL, UPDATE_TOL = 2e-2, 1e-1   # measured worst (free-running, before the lockstep): 0.5% and 5.2%
 # Tiny batches have per-activation gradients near 1: at GradScaler's default scale (2**16) they
 # overflow fp16 and the step is (rightly) skipped; the cross-checks use a scale that fits.
 CHECK_SCALE = 2.0 ** 12
@@ -82,13 +92,17 @@ def assert_close(got: dict, want: dict, tol: float, label: str):
         assert error <= tol * max(norms[k], floor), f"{label} {k}: |difference| {error:.3g}, |reference| {norms[k]:.3g}"
 
 
-def train(executor, steps):
-    record = {"loss": [], "correct": [], "start": executor.state_dict()}
-    for x, y in batches(steps):
+def train(executor, steps, starts=None):
+    """`steps` steps; with `starts` (another run's record), step i starts from that run's weights
+    before its step i (the executor's own optimizer state carries on)."""
+    record = {"loss": [], "correct": [], "starts": [], "grads": []}
+    for step, (x, y) in enumerate(batches(steps)):
+        if starts is not None:
+            executor.load_state_dict(starts["starts"][step])
+        record["starts"].append(executor.state_dict())
         record["loss"].append(executor.train_step(x, y, LR))
         record["correct"].append(executor.last_correct)
-        if "grads" not in record:
-            record["grads"] = executor.gradients()
+        record["grads"].append(executor.gradients())
     record["state"] = executor.state_dict()
     record["logits"] = executor.forward(batches(1, seed=7)[0][0])
     return record
@@ -109,7 +123,7 @@ def runs(request):
     out = {"name": name, "cpu": train(reference, 2)}
     for label, plan, steps in (("fused", fused_plan, 2), ("unfused", compile_plan(bp, fuse=False, amp=True), 1)):
         executor = CudaExecutor(plan, loss, optimizer, seed=3, init_loss_scale=CHECK_SCALE)
-        out[label] = train(executor, steps)
+        out[label] = train(executor, steps, starts=out["cpu"])
         assert not executor.skipped_last_step and executor.loss_scale == CHECK_SCALE
     return out
 
@@ -126,12 +140,13 @@ class TestAgainstTheCpuPath:
 
     @pytest.mark.parametrize("path", ["fused", "unfused"])
     def test_every_gradient_follows_the_cpu_reference(self, runs, path):
-        assert_close(runs[path]["grads"], runs["cpu"]["grads"], GRAD_TOL, f"{runs['name']} {path} gradient")
+        assert_close(runs[path]["grads"][0], runs["cpu"]["grads"][0], GRAD_TOL, f"{runs['name']} {path} gradient")
 
     def test_parameters_and_bn_statistics_after_two_steps_follow_the_cpu_reference(self, runs):
-        got, want, start = runs["fused"]["state"], runs["cpu"]["state"], runs["cpu"]["start"]
+        got, want, start = runs["fused"]["state"], runs["cpu"]["state"], runs["cpu"]["starts"][1]
+        assert all(np.array_equal(runs["fused"]["starts"][1][k], start[k]) for k in start), "not in lockstep"
         assert sorted(got) == sorted(want)
-        trainable = sorted(runs["cpu"]["grads"])
+        trainable = sorted(runs["cpu"]["grads"][1])
         assert_close({k: got[k] - start[k] for k in trainable}, {k: want[k] - start[k] for k in trainable},
                      UPDATE_TOL, f"{runs['name']} update of")
         statistics = [k for k in want if k.endswith(("running_mean", "running_var"))]
@@ -147,7 +162,7 @@ class TestAgainstTheCpuPath:
         the fused BN apply (+ residual) (+ ReLU/ReLU6) and the backward recomputation."""
         fused, unfused = runs["fused"], runs["unfused"]
         np.testing.assert_allclose(fused["loss"][:1], unfused["loss"], rtol=5e-3)
-        assert_close(fused["grads"], unfused["grads"], GRAD_TOL, "fused vs unfused gradient")
+        assert_close(fused["grads"][0], unfused["grads"][0], GRAD_TOL, "fused vs unfused gradient")
 
 
 # ---- tape replay, loss scaling, bad input ----------------------------------------------------------------
@@ -164,6 +179,7 @@ def test_replaying_the_recorded_step_equals_fresh_eager_launches_every_step():
                                     init_loss_scale=CHECK_SCALE) for _ in range(2))
     for step, (x, y) in enumerate(batches(5, seed=11)):
         fresh._runners.clear()
+        fresh.load_state_dict(replayed.state_dict())   # one start: only this step's atomics may differ
         a, b = replayed.train_step(x, y, 1e-2 * (step + 1)), fresh.train_step(x, y, 1e-2 * (step + 1))
         np.testing.assert_allclose(a, b, rtol=ATOMICS_RTOL, err_msg=f"loss of step {step}")
         state_a, state_b = replayed.state_dict(), fresh.state_dict()
@@ -177,10 +193,16 @@ def test_the_arena_and_separate_buffers_give_identical_results():
     """Every step-local tensor at its planned offset, or in its own allocation: a lifetime or
     offset the plan got wrong, or a kernel touching a tensor its op does not declare, shows."""
     plan = compile_plan(SMALL, fuse=True, amp=True)
-    results = []
+    results, starts = [], []
     for separate in (False, True):
         ex = CudaExecutor(plan, seed=4, init_loss_scale=CHECK_SCALE, separate_buffers=separate)
-        losses = [ex.train_step(x, y, 0.05) for x, y in batches(2, seed=8)]
+        losses = []
+        for step, (x, y) in enumerate(batches(2, seed=8)):
+            if separate:   # every step from the arena run's state: only this step's atomics may differ
+                ex.load_state_dict(starts[step])
+            else:
+                starts.append(ex.state_dict())
+            losses.append(ex.train_step(x, y, 0.05))
         results.append((losses, ex.forward(batches(1, seed=9)[0][0]), ex.state_dict()))
     (loss_a, logits_a, state_a), (loss_b, logits_b, state_b) = results
     np.testing.assert_allclose(loss_a, loss_b, rtol=ATOMICS_RTOL)
