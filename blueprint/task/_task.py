@@ -16,19 +16,15 @@ from typing import Callable
 
 import numpy as np
 
-import blueprint
-import blueprint.optim as optim
+from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
+from blueprint._parse import parse_as
 from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
 DEVICES = ("cpu", "cuda")
 CHECKPOINT_FORMAT = "blueprint-task-1"
-
-
-class ConfigError(ValueError):
-    """The task's configuration cannot run; the message says what is missing or inconsistent."""
 
 
 @dataclass(frozen=True)
@@ -416,11 +412,13 @@ class DeepLearningTask:
         _, state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
-        namespace = {**vars(blueprint), **vars(optim), "BluePrint": BluePrint}
-        return (DeepLearningTask().model(eval(state["blueprint"], namespace))
-                .loss(eval(state["loss"], namespace)).optimizer(eval(state["optimizer"], namespace))
-                .scheduler(eval(state["scheduler"], namespace)).epochs(int(state["epochs"]))
-                .seed(int(state["seed"]))._new(batch=int(state["batch_size"])))
+        # parsed, never evaluated: a checkpoint cannot run code
+        return (DeepLearningTask().model(parse_as(state["blueprint"], f"{path}: model", (BluePrint,)))
+                .loss(parse_as(state["loss"], f"{path}: loss", (CrossEntropyLoss,)))
+                .optimizer(parse_as(state["optimizer"], f"{path}: optimizer", (SGD, Adam, AdamW)))
+                .scheduler(parse_as(state["scheduler"], f"{path}: scheduler",
+                                    (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)))
+                .epochs(int(state["epochs"])).seed(int(state["seed"]))._new(batch=int(state["batch_size"])))
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:

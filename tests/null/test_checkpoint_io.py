@@ -193,3 +193,29 @@ def test_bad_arguments(tmp_path):
         save_checkpoint(tmp_path / "c.safetensors", {"w": [1.0]}, {})
     with pytest.raises(FileNotFoundError, match="does not exist; create it first"):
         save_checkpoint(tmp_path / "missing" / "c.safetensors", {}, {})
+
+
+# ---- a checkpoint never runs code -------------------------------------------------------------
+def _task_state(**fields):
+    from blueprint import zoo
+    from blueprint.optim import SGD, ConstantLR, CrossEntropyLoss
+    state = {"format": "blueprint-task-1", "blueprint": repr(zoo.small_cnn()), "loss": repr(CrossEntropyLoss()),
+             "optimizer": repr(SGD()), "scheduler": repr(ConstantLR()), "epochs_done": 0, "epochs": 1,
+             "batch_size": 8, "seed": 0, "history": []}
+    return {**state, **fields}
+
+
+@pytest.mark.parametrize("field", ["blueprint", "loss", "optimizer", "scheduler"])
+def test_loading_a_task_parses_its_fields_and_never_runs_them(tmp_path, field):
+    from blueprint.task import ConfigError, DeepLearningTask
+    sentinel = tmp_path / "executed"
+    payload = f"__import__('os').system('touch {sentinel}') or BluePrint(seq(relu()))"
+    path = tmp_path / "evil.safetensors"
+    save_checkpoint(path, {}, _task_state(**{field: payload}))
+    with pytest.raises(ConfigError, match=r"__import__\('os'\)") as caught:
+        DeepLearningTask.load(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+    assert not sentinel.exists()
+    save_checkpoint(path, {}, _task_state())
+    task = DeepLearningTask.load(path)
+    assert repr(task.blueprint_value) == _task_state()["blueprint"] and task.batch == 8
