@@ -249,7 +249,8 @@ def test_bad_arguments(tmp_path):
 def _task_state(**fields):
     from blueprint import zoo
     from blueprint.optim import SGD, ConstantLR, CrossEntropyLoss
-    state = {"format": "blueprint-task-1", "blueprint": repr(zoo.small_cnn()), "loss": repr(CrossEntropyLoss()),
+    from blueprint.task._task import CHECKPOINT_FORMAT
+    state = {"format": CHECKPOINT_FORMAT, "blueprint": repr(zoo.small_cnn()), "loss": repr(CrossEntropyLoss()),
              "optimizer": repr(SGD()), "scheduler": repr(ConstantLR()), "epochs_done": 0, "epochs": 1,
              "batch_size": 8, "seed": 0, "history": []}
     return {**state, **fields}
