@@ -319,7 +319,7 @@ class DeepLearningTask:
             try:
                 return self._fit(session, interrupt)
             except KeyboardInterrupt:
-                if self.checkpoint_path and not interrupt.forced:
+                if self.checkpoint_path and not interrupt.forced and session.holds_training:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
 
