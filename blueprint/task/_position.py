@@ -14,7 +14,8 @@ checkpoint needs besides the tensors:
 
 Ctrl-C is deferred to a step boundary (`DeferredInterrupt`): the first one lets the current
 step finish and stops there, so weights, optimizer state and position always agree; a second
-one stops at once, and then no interrupt checkpoint is written (the position is unknown).
+one stops at once, and if that is inside a step (`stepping`) no interrupt checkpoint is
+written (weights and position would disagree).
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ class DeferredInterrupt:
 
     def __init__(self):
         self.requested = False
-        self.forced = False       # a second Ctrl-C stopped mid-step: the position is unknown
+        self.stepping = False     # set by the training loop while a step is under way
         self._previous = None
 
     def __enter__(self) -> "DeferredInterrupt":
@@ -115,7 +116,6 @@ class DeferredInterrupt:
 
     def _handle(self, signum, frame):
         if self.requested:
-            self.forced = True
             raise KeyboardInterrupt
         self.requested = True
 

@@ -319,7 +319,7 @@ class DeepLearningTask:
             try:
                 return self._fit(session, interrupt)
             except KeyboardInterrupt:
-                if self.checkpoint_path and not interrupt.forced and session.holds_training:
+                if self.checkpoint_path and not interrupt.stepping and session.holds_training:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
 
@@ -337,12 +337,14 @@ class DeepLearningTask:
                 for step in range(position.batch, steps):
                     x, y = loader.batch(epoch, step, order)
                     lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
+                    interrupt.stepping = True    # weights and position disagree until the position is updated
                     loss = session.executor.train_step(x, y, lr)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"epoch {epoch + 1}, step {step}: the loss became {loss}; lower the "
                                                  f"learning rate (now {lr:g}) or check the data")
                     position = position.after_step(len(y), loss, session.executor.last_correct, lr)
                     session.position = position
+                    interrupt.stepping = False
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",

@@ -119,6 +119,8 @@ def test_interrupt_anywhere_then_resume_is_bit_identical(sets, straight, tmp_pat
 
 def test_ctrl_c_is_deferred_to_the_end_of_the_step(sets, straight, tmp_path, monkeypatch):
     """A real SIGINT during a step: the step completes, then the run stops with the position after it."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("the test runner handles SIGINT in this process, so fit() leaves it alone")
     checkpoint = tmp_path / "checkpoint.safetensors"
     real_step = CpuExecutor.train_step
 
@@ -190,6 +192,24 @@ def test_a_resume_into_another_configuration_is_refused_and_changes_nothing(
         assert all(v.tobytes() == weights[k].tobytes() for k, v in ex.state_dict().items())
         assert all(v.tobytes() == optimizer_state[k].tobytes() for k, v in ex.optimizer_state().items())
         assert task.history == history
+
+
+def test_an_interrupt_inside_a_step_writes_no_interrupt_checkpoint(sets, tmp_path, monkeypatch):
+    """A KeyboardInterrupt raised inside a step (a second Ctrl-C, or a foreign SIGINT handler): the weights
+    may be half-updated, so no interrupt checkpoint is written; the epoch checkpoint stays."""
+    checkpoint = tmp_path / "checkpoint.safetensors"
+    real_step = CpuExecutor.train_step
+
+    def step(self, x, y, lr):
+        if self.step_count == STEPS + 1:
+            raise KeyboardInterrupt
+        return real_step(self, x, y, lr)
+
+    monkeypatch.setattr(CpuExecutor, "train_step", step)
+    with pytest.raises(KeyboardInterrupt):
+        make_task(sets).checkpoint(checkpoint).fit()
+    assert not interrupt_path(checkpoint).exists()
+    assert load_checkpoint(checkpoint)[1]["epochs_done"] == 1
 
 
 def test_a_late_refusal_loads_nothing(sets, one_epoch_checkpoint):
