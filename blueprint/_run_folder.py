@@ -5,7 +5,7 @@
   kernel drops the lock when its process dies, however it dies, so the lock of a killed run
   is simply taken over by the next one.
 - **History.** Each run appends to ``OUT/history.jsonl``, one JSON object per epoch with a
-  ``run`` id (UTC start time and pid); earlier runs' lines are never rewritten.
+  ``run`` id (UTC start time, pid, random tag); earlier runs' lines are never rewritten.
 - **Nothing left behind.** On exit the lock file is removed, and folders the run created are
   removed again if it wrote nothing into them (a run that fails before its first step leaves
   the file system as it found it).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,8 @@ class RunFolderError(ValueError):
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+    """UTC start time, pid and a random tag (two runs of one process within a second still differ)."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @contextmanager
