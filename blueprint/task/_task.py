@@ -332,6 +332,7 @@ class DeepLearningTask:
             position = session.position if resumed else Position(epoch, lr=self.base_lr)
             session.position = position
             order = loader.order(epoch)
+            seen_before = position.seen     # samples of this epoch trained before a resume
             bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}", position.batch)
             try:
                 for step in range(position.batch, steps):
@@ -348,7 +349,8 @@ class DeepLearningTask:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
-                                        acc=f"{position.correct / position.seen:.3f}")
+                                        acc=f"{position.correct / position.seen:.3f}",
+                                        img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
                     interrupt.check()
             finally:
                 if bar is not None:
