@@ -454,9 +454,7 @@ class DeepLearningTask:
         optimizer_state = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
         session.executor.check_state_dict(weights)
         session.executor.check_optimizer_state(optimizer_state)
-        epochs_done = state.get("epochs_done")
-        if isinstance(epochs_done, bool) or not isinstance(epochs_done, int) or epochs_done < 0:
-            raise ConfigError(f"{path}: epochs_done must be an int >= 0, found {epochs_done!r}")
+        epochs_done = _count(path, state, "epochs_done", 0)
         history = _history(path, state.get("history"))
         position = Position.from_state(path, state.get("position"), epochs_done,
                                        self._loaders()[0].steps_per_epoch)
@@ -498,12 +496,13 @@ class DeepLearningTask:
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
         # parsed, never evaluated: a checkpoint cannot run code
-        return (DeepLearningTask().model(parse_as(state["blueprint"], f"{path}: model", (BluePrint,)))
-                .loss(parse_as(state["loss"], f"{path}: loss", (CrossEntropyLoss,)))
-                .optimizer(parse_as(state["optimizer"], f"{path}: optimizer", (SGD, Adam, AdamW)))
-                .scheduler(parse_as(state["scheduler"], f"{path}: scheduler",
+        return (DeepLearningTask().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
+                .loss(parse_as(state.get("loss"), f"{path}: loss", (CrossEntropyLoss,)))
+                .optimizer(parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW)))
+                .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler",
                                     (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)))
-                .epochs(int(state["epochs"])).seed(int(state["seed"]))._new(batch=int(state["batch_size"])))
+                .epochs(_count(path, state, "epochs", 1)).seed(_count(path, state, "seed", 0))
+                ._new(batch=_count(path, state, "batch_size", 1)))
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:
@@ -518,6 +517,13 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: fl
         top5 = np.argsort(-logits, axis=1, kind="stable")[:, :5]
         out["top5"] = float((top5 == labels[:, None]).any(axis=1).mean())
     return out
+
+
+def _count(path, state: dict, key: str, minimum: int) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{path}: the checkpoint's {key} must be an int >= {minimum}, found {value!r}")
+    return value
 
 
 def _history(path, records) -> list[EpochRecord]:

@@ -270,3 +270,15 @@ def test_loading_a_task_parses_its_fields_and_never_runs_them(tmp_path, field):
     save_checkpoint(path, {}, _task_state())
     task = DeepLearningTask.load(path)
     assert repr(task.blueprint_value) == _task_state()["blueprint"] and task.batch == 8
+
+
+@pytest.mark.parametrize("field, value", [("epochs", None), ("seed", "0"), ("batch_size", True), ("blueprint", None)])
+def test_a_task_checkpoint_with_a_missing_or_mistyped_field_is_a_one_line_error(tmp_path, field, value):
+    from blueprint.task import ConfigError, DeepLearningTask
+    path = tmp_path / "c.safetensors"
+    state = _task_state()
+    state[field] = value
+    save_checkpoint(path, {}, state)
+    with pytest.raises(ConfigError) as caught:
+        DeepLearningTask.load(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
