@@ -65,7 +65,8 @@ class _Problems:
     def raise_if_any(self, where: str) -> None:
         if self.found:
             shown = self.found[:LISTED] + ([f"... {len(self.found) - LISTED} more"] if len(self.found) > LISTED else [])
-            raise StateError(f"{where}: " + "; ".join(shown) + " (nothing was loaded)")
+            raise StateError(f"{where}: " + "; ".join(shown) + " (nothing was loaded; load a state saved by an "
+                             "executor of the same model and optimizer)")
 
 
 class ExecutorBase:
