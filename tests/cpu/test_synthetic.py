@@ -33,3 +33,15 @@ def test_a_model_trained_on_one_draw_does_as_well_on_another():
     last = task.fit()[-1]
     assert last.train_accuracy > 0.6                                   # chance is 0.25
     assert last.val_accuracy >= last.train_accuracy - 0.1, (last.train_accuracy, last.val_accuracy)
+
+
+def test_the_cli_synthetic_data_is_one_distribution():
+    from blueprint._train_command import load_data
+
+    train, val, name = load_data("synthetic")
+    assert name == "synthetic" and train.sample_shape == val.sample_shape and len(train) > len(val)
+    means_train, means_val = (np.stack([ds.x[ds.y == k].reshape(-1, ds.x[0].size).mean(axis=0) for k in range(10)])
+                              for ds in (train, val))
+    same = np.linalg.norm(means_train - means_val, axis=1).max()
+    between = min(np.linalg.norm(means_train[i] - means_train[j]) for i in range(10) for j in range(i))
+    assert same < 0.25 * between, (same, between)
