@@ -92,19 +92,22 @@ def run_train(args) -> int:
     checkpoint = out / CHECKPOINT_NAME
     run_id = new_run_id()
     with run_folder(out):
+        saved = interrupt_path(checkpoint)
+        earlier = _modified(saved)             # an interrupt file of an earlier run is not this run's
         task = task.checkpoint(checkpoint).callback(lambda record: append_history(out, run_id, record.as_dict()))
-        if args.resume:
-            task = task.resume(args.resume)
         start = time.perf_counter()
         try:
+            if args.resume:
+                task = task.resume(args.resume)
             history = task.fit()
         except KeyboardInterrupt:
-            saved = interrupt_path(checkpoint)
-            if saved.exists():
+            if _modified(saved) not in (None, earlier):
                 print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
                       f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
             else:
-                print("\ninterrupted before the first step: nothing was saved", file=sys.stderr)
+                resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
+                print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
+                      f"second Ctrl-C){resume}", file=sys.stderr)
             return 130
         seconds = time.perf_counter() - start
         plot = _plot(history, out / "curves.png")
@@ -124,6 +127,13 @@ def run_train(args) -> int:
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
+
+
+def _modified(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _plot(history, path: Path) -> Path | None:
