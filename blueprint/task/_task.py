@@ -336,6 +336,7 @@ class DeepLearningTask:
             bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}", position.batch)
             try:
                 for step in range(position.batch, steps):
+                    interrupt.check()
                     x, y = loader.batch(epoch, step, order)
                     lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
                     interrupt.stepping = True    # weights and position disagree until the position is updated
@@ -351,7 +352,6 @@ class DeepLearningTask:
                         bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
                                         acc=f"{position.correct / position.seen:.3f}",
                                         img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
-                    interrupt.check()
             finally:
                 if bar is not None:
                     bar.close()
