@@ -1,9 +1,11 @@
 """`blueprint train`: train a zoo model (or a BluePrint from a file) on a dataset.
 
 With no arguments it runs the default demo: the zoo's small CNN on the bundled UCI digits,
-on the CPU. Every epoch appends to `OUT/history.jsonl` and rewrites `OUT/checkpoint.safetensors`
-(atomically); at the end `OUT/curves.png` plots loss and accuracy (if matplotlib is installed).
-Ctrl-C saves the checkpoint and exits with status 130.
+on the CPU. The run locks OUT (one run per folder). Every epoch appends a line tagged with the
+run's id to `OUT/history.jsonl` and rewrites `OUT/checkpoint.safetensors` (atomically); at the
+end `OUT/curves.png` plots loss and accuracy (if matplotlib is installed). Ctrl-C stops at the
+next step boundary, saves the exact position to `OUT/checkpoint.interrupted.safetensors` (the
+epoch checkpoint is kept) and exits with status 130; `--resume` that file to continue.
 """
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ from pathlib import Path
 
 from blueprint import zoo
 from blueprint._model_source import CliError, load_model
+from blueprint._run_folder import append_history, new_run_id, run_folder
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
+from blueprint.task._position import interrupt_path
 from blueprint.task.data import Augment, cifar10, digits, synthetic
 
 DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 32, "seed": 0}
+CHECKPOINT_NAME = "checkpoint.safetensors"
+SYNTHETIC_SIZES = (2048, 512)   # train, val: two draws from one synthetic distribution
 DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
 AUGMENT = {"digits": None, "cifar10": Augment(crop_padding=4, hflip=True), "synthetic": None}
 
@@ -47,7 +53,8 @@ def load_data(spec: str):
         train, val = digits()
         return train, val, "digits"
     if spec == "synthetic":
-        return synthetic(2048, seed=0), synthetic(512, seed=1), "synthetic"
+        train_size, val_size = SYNTHETIC_SIZES
+        return synthetic(train_size, seed=0, draw=0), synthetic(val_size, seed=0, draw=1), "synthetic"
     if spec.startswith("cifar10:"):
         train, test = cifar10(spec.split(":", 1)[1])
         return train, test, "cifar10"
@@ -80,36 +87,42 @@ def run_train(args) -> int:
     if args.device == "cuda":
         _check_cuda()
     train, val, data_name = load_data(args.data)
+    task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched
     out = Path(args.out or f"runs/{Path(args.model.split(':')[0]).stem}-{data_name}")
-    if out.exists() and not out.is_dir():
-        raise CliError(f"--out {out}: a file of that name exists; give a folder (new or one of an earlier run)")
-    out.mkdir(parents=True, exist_ok=True)
-    checkpoint = out / "checkpoint.safetensors"
-    history_path = out / "history.jsonl"
-    task = build_task(args, train, val, data_name).log(history_path).checkpoint(checkpoint)
-    if args.resume:
-        task = task.resume(args.resume)
-    else:
-        history_path.write_text("")
-    start = time.perf_counter()
-    try:
-        history = task.fit()
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: checkpoint saved to {checkpoint} (continue with --resume {checkpoint})", file=sys.stderr)
-        return 130
-    seconds = time.perf_counter() - start
+    checkpoint = out / CHECKPOINT_NAME
+    run_id = new_run_id()
+    with run_folder(out):
+        saved = interrupt_path(checkpoint)
+        earlier = _modified(saved)             # an interrupt file of an earlier run is not this run's
+        task = task.checkpoint(checkpoint).callback(lambda record: append_history(out, run_id, record.as_dict()))
+        start = time.perf_counter()
+        try:
+            if args.resume:
+                task = task.resume(args.resume)
+            history = task.fit()
+        except KeyboardInterrupt:
+            if _modified(saved) not in (None, earlier):
+                print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
+                      f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
+            else:
+                resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
+                print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
+                      f"second Ctrl-C){resume}", file=sys.stderr)
+            return 130
+        seconds = time.perf_counter() - start
+        plot = _plot(history, out / "curves.png")
     last = history[-1]
     train_seconds = sum(len(train) / r.images_per_second for r in history)
     metrics = {"val_accuracy": last.val_accuracy, "val_loss": last.val_loss, "epochs": last.epoch,
                "seconds": round(seconds, 3), "images_per_second": round(len(train) * len(history) / train_seconds, 1),
-               "checkpoint": str(checkpoint)}
-    plot = _plot(history, out / "curves.png")
+               "checkpoint": str(checkpoint), "run": run_id}
     if args.json:
         print(json.dumps(metrics))
     else:
         print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {last.epoch} epochs in {seconds:.1f} s, "
               f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")
-        print(f"checkpoint {checkpoint}, history {history_path}" + (f", plot {plot}" if plot else ""))
+        print(f"checkpoint {checkpoint}, history {out / 'history.jsonl'} (run {run_id})"
+              + (f", plot {plot}" if plot else ""))
     if plot is None:
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
@@ -127,6 +140,11 @@ def _check_cuda() -> None:
     if why:
         raise CliError(f"--device cuda: {why.split(';')[0]}; train on the CPU with --device cpu (or set "
                        f"NUMBA_ENABLE_CUDASIM=1 to run the CUDA kernels in numba's simulator, slowly)")
+def _modified(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def _plot(history, path: Path) -> Path | None:

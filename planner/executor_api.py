@@ -24,12 +24,49 @@ class InputError(ValueError):
     """A batch the plan cannot run: wrong shape/dtype, labels out of range, NaN/Inf values."""
 
 
-class StateDictError(KeyError, ValueError):
-    """A state dict that does not fit the plan (missing, unexpected or mis-shaped keys); nothing was
-    loaded. A KeyError for mapping code, a ValueError (a user error) for the CLI."""
+class StateError(KeyError, ValueError):
+    """Weights or optimizer state that cannot be loaded into this plan; nothing was written.
+    (A KeyError for compatibility with earlier releases; a ValueError as every user error.)"""
 
-    def __str__(self) -> str:
-        return self.args[0]
+    def __str__(self) -> str:   # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+STEP_KEY = "step"
+AMP_PREFIX = "amp."     # the CUDA executor's loss-scale counters in its optimizer state
+LISTED = 10             # names listed per problem in an error message
+
+
+class _Problems:
+    """Every problem found while validating a state dict, reported together in one line."""
+
+    def __init__(self):
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.found.append(problem)
+
+    def keys(self, missing: list[str], unexpected: list[str]) -> None:
+        for label, names in (("missing keys", missing), ("unexpected keys", unexpected)):
+            if names:
+                self.add(f"{label} {names[:LISTED]}{' ...' if len(names) > LISTED else ''}")
+
+    def check_array(self, name: str, array: np.ndarray, shape: tuple, kinds: tuple[str, ...]) -> bool:
+        if array.dtype.kind not in kinds:
+            self.add(f"{name}: expected a {'floating' if kinds == ('f',) else 'real numeric'} array, got {array.dtype}")
+        elif tuple(array.shape) != tuple(shape):
+            self.add(f"mis-shaped keys {name}: expected {tuple(shape)}, got {tuple(array.shape)}")
+        elif array.dtype.kind == "f" and not np.isfinite(array).all():
+            self.add(f"{name}: holds {int(array.size - np.isfinite(array).sum())} NaN/Inf value(s)")
+        else:
+            return True
+        return False
+
+    def raise_if_any(self, where: str) -> None:
+        if self.found:
+            shown = self.found[:LISTED] + ([f"... {len(self.found) - LISTED} more"] if len(self.found) > LISTED else [])
+            raise StateError(f"{where}: " + "; ".join(shown) + " (nothing was loaded; load a state saved by an "
+                             "executor of the same model and optimizer)")
 
 
 class ExecutorBase:
@@ -101,32 +138,26 @@ class ExecutorBase:
         """Parameters and BN statistics by name, in PyTorch layouts (copies)."""
         return {p.name: to_torch_layout(p, self._read(p.tensor)) for p in self.plan.params}
 
-    def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Load PyTorch-layout arrays (numpy, or anything `np.asarray` takes: torch tensors too)."""
+    def check_state_dict(self, state: dict, strict: bool = True) -> dict[int, np.ndarray]:
+        """Validate PyTorch-layout arrays against the plan (names, shapes, real numeric dtypes, finite
+        values) and return them converted, by tensor id; raises `StateError` listing every problem."""
         expected = self._param_by_name
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        converted, wrong = {}, []
+        converted, problems = {}, _Problems()
+        if strict:
+            problems.keys(sorted(set(expected) - set(state)), sorted(set(state) - set(expected)))
         for name, value in state.items():
-            if name not in expected:
-                continue
-            spec = expected[name]
-            array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
-            if tuple(array.shape) != torch_shape(spec):
-                wrong.append(f"{name}: expected {torch_shape(spec)}, got {tuple(array.shape)}")
-                continue
-            converted[spec.tensor] = from_torch_layout(spec, array)
-        problems = []
-        if strict and missing:
-            problems.append(f"missing keys {missing[:10]}{' ...' if len(missing) > 10 else ''}")
-        if strict and unexpected:
-            problems.append(f"unexpected keys {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''}")
-        if wrong:
-            problems.append("mis-shaped keys " + "; ".join(wrong[:10]))
-        if problems:
-            raise StateDictError("load_state_dict: " + "; ".join(problems) + " (nothing was loaded); the weights "
-                                 "are for another model or input shape")
-        for tid, value in converted.items():
+            if name in expected:
+                spec = expected[name]
+                array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+                if problems.check_array(name, array, torch_shape(spec), ("f", "i", "u")):
+                    converted[spec.tensor] = from_torch_layout(spec, array)
+        problems.raise_if_any("load_state_dict")
+        return converted
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Load PyTorch-layout arrays (numpy, or anything `np.asarray` takes: torch tensors too).
+        Everything is validated first (`check_state_dict`); on any problem nothing is written."""
+        for tid, value in self.check_state_dict(state, strict).items():
             self._write(tid, value)
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
@@ -135,11 +166,37 @@ class ExecutorBase:
         state["step"] = np.array(self.step_count, dtype=np.int64)
         return state
 
+    def check_optimizer_state(self, state: dict) -> tuple[dict[int, np.ndarray], int]:
+        """Validate an `optimizer_state()` dict: every state tensor present with its exact shape (no
+        broadcasting), a floating dtype and finite values; `step` an integer >= 0; `amp.*` (the CUDA
+        path's loss-scale counters) finite scalars. Returns (arrays by tensor id, step)."""
+        tensors = {t.name: t for t in self.plan.tensors if t.region == "optim"}
+        problems = _Problems()
+        extra = sorted(k for k in set(state) - set(tensors) - {STEP_KEY} if not k.startswith(AMP_PREFIX))
+        problems.keys(sorted(set(tensors) - set(state)) + ([STEP_KEY] if STEP_KEY not in state else []), extra)
+        converted = {}
+        for name, t in tensors.items():
+            if name in state:
+                array = np.asarray(state[name])
+                if problems.check_array(name, array, tuple(t.shape), ("f",)):
+                    converted[t.id] = array.astype(t.dtype)
+        step = 0
+        if STEP_KEY in state:
+            raw = np.asarray(state[STEP_KEY])
+            if raw.shape != () or raw.dtype.kind not in "iu" or int(raw) < 0:
+                problems.add(f"'step' must be one integer >= 0, got {raw.dtype} {raw.shape} {raw.tolist()!r}")
+            else:
+                step = int(raw)
+        for name in sorted(k for k in state if k.startswith(AMP_PREFIX)):
+            raw = np.asarray(state[name])
+            if raw.size != 1 or raw.dtype.kind not in "fiu" or not np.isfinite(raw).all() or raw.reshape(-1)[0] < 0:
+                problems.add(f"{name!r} must be one finite number >= 0, got {raw.dtype} {raw.shape}")
+        problems.raise_if_any("load_optimizer_state")
+        return converted, step
+
     def load_optimizer_state(self, state: dict) -> None:
-        names = {t.name: t for t in self.plan.tensors if t.region == "optim"}
-        missing = sorted(set(names) - set(state))
-        if missing:
-            raise KeyError(f"load_optimizer_state: missing keys {missing[:10]}")
-        for name, t in names.items():
-            self._write(t.id, np.asarray(state[name], np.float32))
-        self.step_count = int(state.get("step", 0))
+        """Load an `optimizer_state()` dict; everything is validated first, so on any problem nothing is written."""
+        converted, step = self.check_optimizer_state(state)
+        for tid, value in converted.items():
+            self._write(tid, value)
+        self.step_count = step

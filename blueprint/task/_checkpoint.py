@@ -11,13 +11,22 @@ The state is stored as JSON text in the safetensors metadata under ``blueprint_s
 - numpy scalars (read back as the Python number) and ``np.ndarray`` (read back exactly,
   dtype and shape included, as ``{"__ndarray__": ...}`` with base64 bytes).
 
-Saving is atomic: the bytes go to a temporary file in the target's folder, which is
-flushed, fsync'ed and then ``os.replace``d over the target, so an interrupted save leaves
-the previous checkpoint untouched; the temporary file is removed if the save fails.
+Integrity: the metadata also holds ``blueprint_data_sha256``, the SHA-256 of the data
+section (every tensor's bytes as stored), and ``blueprint_header_sha256``, the SHA-256 of
+the rest of the header (the tensor table: names, dtypes, shapes, offsets; the state; the
+format; the data digest) written as canonical JSON. Loading recomputes both and refuses a
+mismatch naming the file, and refuses a floating-point tensor holding NaN or ±inf, naming
+the tensor. (A digest detects corruption and accidental edits; it is not a signature.)
+
+Saving is atomic: the bytes go to a temporary file ``.NAME.*.tmp`` in the target's folder,
+which is flushed, fsync'ed and then ``os.replace``d over the target, so an interrupted save
+leaves the previous checkpoint untouched; the temporary file is removed if the save fails,
+and orphans left by a killed process are removed by the next save of the same target.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import tempfile
@@ -29,9 +38,19 @@ from safetensors.numpy import save as safetensors_bytes
 
 STATE_KEY = "blueprint_state"
 FORMAT_KEY = "blueprint_format"
-FORMAT_VERSION = "1"
+DATA_DIGEST_KEY = "blueprint_data_sha256"
+HEADER_DIGEST_KEY = "blueprint_header_sha256"
+FORMAT_VERSION = "2"            # 2: integrity digests in the header
+HEADER_LENGTH_BYTES = 8         # safetensors: little-endian u64 header length, JSON header, data
+HEADER_ALIGNMENT = 8            # safetensors pads its JSON header with spaces to this multiple
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+HASH_CHUNK = 2**20
 ARRAY_MARK = "__ndarray__"
 CHECKPOINT_MODE = 0o644
+
+
+class CheckpointIntegrityError(ValueError):
+    """A checkpoint's bytes do not match its digests, or it holds non-finite tensors."""
 
 
 def _encode(value, where: str):
@@ -92,14 +111,22 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
                             f"{type(tensor).__name__}.")
     metadata = {STATE_KEY: json.dumps(_encode(state, "state")), FORMAT_KEY: FORMAT_VERSION}
     contiguous = {name: np.require(t, requirements="C") for name, t in tensors.items()}
-    payload = safetensors_bytes(contiguous, metadata=metadata)
+    payload = memoryview(safetensors_bytes(contiguous, metadata=metadata))
+    header, data = _split(payload)
+    header["__metadata__"][DATA_DIGEST_KEY] = hashlib.sha256(data).hexdigest()
+    header["__metadata__"][HEADER_DIGEST_KEY] = _header_digest(header)
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % HEADER_ALIGNMENT)
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"save_checkpoint: folder {folder} for {path.name} does not exist; create it first.")
+    _remove_orphans(folder, path.name)
     descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as handle:
-            handle.write(payload)
+            handle.write(len(header_bytes).to_bytes(HEADER_LENGTH_BYTES, "little"))
+            handle.write(header_bytes)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temporary, CHECKPOINT_MODE)  # mkstemp makes 0600; a checkpoint is an ordinary file
@@ -109,6 +136,59 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
             os.unlink(temporary)
         raise
     _fsync_folder(folder)
+
+
+def _split(payload: memoryview) -> tuple[dict, memoryview]:
+    """(header as a dict, data section) of safetensors bytes."""
+    length = int.from_bytes(payload[:HEADER_LENGTH_BYTES], "little")
+    header = json.loads(bytes(payload[HEADER_LENGTH_BYTES:HEADER_LENGTH_BYTES + length]))
+    return header, payload[HEADER_LENGTH_BYTES + length:]
+
+
+def _header_digest(header: dict) -> str:
+    """SHA-256 of the header (tensor table and metadata) without the header digest itself, as canonical JSON."""
+    metadata = {k: v for k, v in header.get("__metadata__", {}).items() if k != HEADER_DIGEST_KEY}
+    canonical = {**{k: v for k, v in header.items() if k != "__metadata__"}, "__metadata__": metadata}
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _remove_orphans(folder: Path, name: str) -> None:
+    """Temporary files of earlier saves of ``name`` that a killed process left behind."""
+    for orphan in folder.glob(f".{name}.*.tmp"):
+        try:
+            orphan.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _verify(path: Path, metadata: dict) -> None:
+    """Recompute both digests from the file's bytes; raise naming the file on a mismatch."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(HEADER_LENGTH_BYTES), "little")
+        if length > MAX_HEADER_BYTES:
+            raise CheckpointIntegrityError(f"{path}: header length {length} is impossible; the file is corrupted")
+        header = json.loads(handle.read(length))
+        if _header_digest(header) != metadata.get(HEADER_DIGEST_KEY):
+            raise CheckpointIntegrityError(
+                f"{path}: the header (tensor table or training state) does not match its sha256 digest; the file "
+                "was corrupted or edited. Use another checkpoint (e.g. the previous epoch's)")
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != metadata.get(DATA_DIGEST_KEY):
+        raise CheckpointIntegrityError(
+            f"{path}: the tensor data does not match its sha256 digest (stored {metadata.get(DATA_DIGEST_KEY)}, "
+            f"computed {digest.hexdigest()}); the file was corrupted or edited. Use another checkpoint "
+            "(e.g. the previous epoch's)")
+
+
+def _check_finite(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    for name, tensor in tensors.items():
+        if np.issubdtype(tensor.dtype, np.floating) and not np.isfinite(tensor).all():
+            bad = int(tensor.size - np.isfinite(tensor).sum())
+            raise CheckpointIntegrityError(
+                f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s); weights or optimizer state that are not "
+                "finite cannot be trained on. Resume from an earlier checkpoint (and lower the learning rate)")
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -142,5 +222,8 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
                          f"{STATE_KEY!r} entry (found keys {sorted(metadata)}). Was it written by save_checkpoint?")
     if metadata.get(FORMAT_KEY) != FORMAT_VERSION:
         raise ValueError(f"{path} has checkpoint format {metadata.get(FORMAT_KEY)!r}; this version reads "
-                         f"format {FORMAT_VERSION!r}.")
+                         f"format {FORMAT_VERSION!r} (format '1' predates integrity digests: re-create it with the "
+                         "version that wrote it, or retrain).")
+    _verify(path, metadata)
+    _check_finite(path, tensors)
     return tensors, _decode(json.loads(metadata[STATE_KEY]))

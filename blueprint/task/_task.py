@@ -16,19 +16,16 @@ from typing import Callable
 
 import numpy as np
 
-import blueprint
-import blueprint.optim as optim
+from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
+from blueprint._parse import parse_as
 from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
 DEVICES = ("cpu", "cuda")
-CHECKPOINT_FORMAT = "blueprint-task-1"
-
-
-class ConfigError(ValueError):
-    """The task's configuration cannot run; the message says what is missing or inconsistent."""
+CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
 
 
 class DivergedError(FloatingPointError, ValueError):
@@ -61,11 +58,16 @@ class _Session:
 
     plan: object
     executor: object
-    train_loader: DataLoader
-    val_loader: DataLoader | None
     eval_batch: int
     epochs_done: int = 0
     history: list = field(default_factory=list)
+    position: Position | None = None   # mid-epoch: where the epoch in progress stands
+    resumed: bool = False
+
+    @property
+    def holds_training(self) -> bool:
+        """True once the weights are worth keeping: trained, or loaded from a checkpoint."""
+        return self.resumed or self.executor.step_count > 0
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,26 @@ class DeepLearningTask:
         return self._new(checkpoint_path=None if path is None else str(path))
 
     def _new(self, **changes) -> "DeepLearningTask":
-        return replace(self, _session=[], **changes)
+        """The changed value. A trained (or resumed) session carries over when the change leaves what
+        it was compiled for alone; a change that would drop trained weights is refused."""
+        changed = replace(self, _session=[], **changes)
+        if not self._session:
+            return changed
+        before, after = self._session_key(), changed._session_key()
+        if before == after:
+            return replace(self, _session=self._session, **changes)   # shares the session
+        if not self._session[0].holds_training:
+            return changed
+        what = next(name for name in before if before[name] != after[name])
+        raise ConfigError(f"this task holds trained weights and the change would alter its {what} "
+                          f"({_short(before[what])} -> {_short(after[what])}), which needs a new session; call "
+                          "task.save(path) first, then build a new task (DeepLearningTask.load(path) rebuilds one)")
+
+    def _session_key(self) -> dict:
+        """Everything the compiled plan and the executor depend on."""
+        return {"model": self.blueprint_value, "loss": self.loss_config, "optimizer": self.optimizer_config,
+                "device": self.device_name, "amp": self.use_amp, "fuse": self.use_fuse, "seed": self.seed_value,
+                "compiled shapes": self._variants() if self.train_set is not None else None}
 
     # ---- derived settings -------------------------------------------------------------------------------
     @property
@@ -292,68 +313,87 @@ class DeepLearningTask:
     def session(self) -> _Session:
         """The compiled plan and executor (made on first use)."""
         if not self._session:
-            plan = self._compile()
-            executor = self._executor(plan)
-            train, val, _ = self._loaders()
-            self._session.append(_Session(plan, executor, train, val, self.eval_batch or self.batch))
+            self._session.append(self._new_session())
         return self._session[0]
 
-    def fit(self) -> list[EpochRecord]:
-        """Train for the configured epochs (continuing after a `resume`); returns the history."""
-        try:
-            return self._fit(self.session())
-        except KeyboardInterrupt:
-            if self.checkpoint_path:
-                self.save(self.checkpoint_path)  # weights as they are; epochs_done counts finished epochs, so resume reruns this one
-            raise
+    def _new_session(self) -> _Session:
+        plan = self._compile()
+        return _Session(plan, self._executor(plan), self.eval_batch or self.batch)
 
-    def _fit(self, session) -> list[EpochRecord]:
-        loader = session.train_loader
+    def fit(self) -> list[EpochRecord]:
+        """Train for the configured epochs (continuing after a `resume`); returns the history.
+
+        Ctrl-C stops at the next step boundary; with `.checkpoint(path)` set, the exact position is
+        saved to `path`'s interrupt file (`checkpoint.interrupted.safetensors` next to
+        `checkpoint.safetensors`, which keeps the last finished epoch), and `resume` of that file
+        continues with the next batch, bit-identical on the CPU to a run that never stopped."""
+        session = self.session()
+        with DeferredInterrupt() as interrupt:
+            try:
+                return self._fit(session, interrupt)
+            except KeyboardInterrupt:
+                if self.checkpoint_path and not interrupt.stepping and session.holds_training:
+                    self.save(interrupt_path(Path(self.checkpoint_path)))
+                raise
+
+    def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
+        loader, val_loader, _ = self._loaders()
         steps = loader.steps_per_epoch
         for epoch in range(session.epochs_done, self.epoch_count):
             start = time.perf_counter()
-            seen = correct = 0
-            loss_sum = 0.0
-            bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}")
-            lr = self.base_lr
+            resumed = session.position is not None and session.position.epoch == epoch
+            position = session.position if resumed else Position(epoch, lr=self.base_lr)
+            session.position = position
+            order = loader.order(epoch)
+            seen_before = position.seen     # samples of this epoch trained before a resume
+            bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}", position.batch)
             try:
-                for step, (x, y) in enumerate(loader.epoch(epoch)):
+                for step in range(position.batch, steps):
+                    interrupt.check()
+                    x, y = loader.batch(epoch, step, order)
                     lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
+                    interrupt.stepping = True    # weights and position disagree until the position is updated
                     loss = session.executor.train_step(x, y, lr)
                     if not math.isfinite(loss):
                         raise DivergedError(f"training diverged at epoch {epoch + 1}, step {step}: the loss became "
                                             f"{loss}; lower the learning rate (now {lr:g}) or check the data")
-                    seen += len(y)
-                    loss_sum += loss * len(y)
-                    correct += session.executor.last_correct
+                    position = position.after_step(len(y), loss, session.executor.last_correct, lr)
+                    session.position = position
+                    interrupt.stepping = False
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(loss=f"{loss_sum / seen:.4f}", acc=f"{correct / seen:.3f}",
-                                        img_s=f"{seen / (time.perf_counter() - start):.0f}")
+                        bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
+                                        acc=f"{position.correct / position.seen:.3f}",
+                                        img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
             finally:
                 if bar is not None:
                     bar.close()
             train_seconds = time.perf_counter() - start
-            val = self._evaluate_loader(session, session.val_loader) if session.val_loader is not None else None
-            record = EpochRecord(epoch + 1, float(lr), loss_sum / seen, correct / seen,
+            val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
+            seen = position.seen
+            record = EpochRecord(epoch + 1, float(position.lr), position.loss_sum / seen, position.correct / seen,
                                  val["loss"] if val else None, val["top1"] if val else None,
                                  val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
             session.history.append(record)
-            session.epochs_done = epoch + 1
+            session.epochs_done, session.position = epoch + 1, None
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps(record.as_dict()) + "\n")
             if self.checkpoint_path:
                 self.save(self.checkpoint_path)
+                interrupt_path(Path(self.checkpoint_path)).unlink(missing_ok=True)   # superseded
             for fn in self.callbacks:
                 fn(record)
+            interrupt.check()
         return list(session.history)
 
-    def _evaluate_loader(self, session, loader) -> dict:
+    def _evaluate_loader(self, session, loader, interrupt: DeferredInterrupt | None = None) -> dict:
         logits, labels = [], []
         for x, y in loader.epoch(0):
             logits.append(self._forward_padded(session, x))
             labels.append(y)
+            if interrupt is not None:
+                interrupt.check()
         return classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
 
     def _forward_padded(self, session, x: np.ndarray) -> np.ndarray:
@@ -393,34 +433,73 @@ class DeepLearningTask:
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def save(self, path) -> Path:
-        """Write weights, BN statistics, optimizer state and position as one safetensors file (atomically)."""
+        """Write weights, BN statistics, optimizer state and position as one safetensors file (atomically).
+        Mid-epoch (after an interrupt) the position records the next batch and the epoch's sums so far."""
         session = self.session()
         ex = session.executor
         tensors = {"model." + k: v for k, v in ex.state_dict().items()}
         tensors.update({"optim." + k: v for k, v in ex.optimizer_state().items()})
+        position = session.position if session.position is not None and session.position.started else None
         state = {"format": CHECKPOINT_FORMAT, "blueprint": repr(self.blueprint_value),
                  "optimizer": repr(self.optimizer_config), "loss": repr(self.loss_config),
                  "scheduler": repr(self.scheduler_config), "epochs_done": session.epochs_done,
                  "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
+                 "sample_shape": list(self.train_set.sample_shape),
+                 "position": None if position is None else position.as_state(),
                  "history": [r.as_dict() for r in session.history]}
         path = Path(path)
         save_checkpoint(path, tensors, state)
         return path
 
     def resume(self, path) -> "DeepLearningTask":
-        """Load a checkpoint into this task's session; `fit()` then continues where it stopped."""
+        """Load a checkpoint into this task's session; `fit()` then continues where it stopped (at the
+        next batch, for an interrupt checkpoint). Everything is checked before anything is loaded: a
+        checkpoint of another model, loss, optimizer kind, scheduler, batch size, input shape or seed
+        is refused naming the field, and a refused resume leaves the task exactly as it was."""
         tensors, state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
-        if state["blueprint"] != repr(self.blueprint_value):
-            raise ConfigError(f"{path}: the checkpoint was written for a different model; load it with "
-                              f"DeepLearningTask.load(path) or rebuild the same BluePrint")
-        session = self.session()
-        session.executor.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        session.executor.load_optimizer_state({k[6:]: v for k, v in tensors.items() if k.startswith("optim.")})
-        session.epochs_done = int(state["epochs_done"])
-        session.history = [EpochRecord(**r) for r in state["history"]]
+            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint of this version (format "
+                              f"{state.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
+        self.validate()
+        self._check_resumable(path, state)
+        session = self._session[0] if self._session else self._new_session()
+        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        optimizer_state = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
+        session.executor.check_state_dict(weights)
+        session.executor.check_optimizer_state(optimizer_state)
+        epochs_done = _count(path, state, "epochs_done", 0)
+        history = _history(path, state.get("history"))
+        position = Position.from_state(path, state.get("position"), epochs_done,
+                                       self._loaders()[0].steps_per_epoch)
+        # everything checked: only now change the session
+        session.executor.load_state_dict(weights)
+        session.executor.load_optimizer_state(optimizer_state)
+        session.epochs_done, session.history, session.position, session.resumed = epochs_done, history, position, True
+        if not self._session:
+            self._session.append(session)
         return self
+
+    def _check_resumable(self, path, state: dict) -> None:
+        optimizer = parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW))
+        recorded = {"model": state.get("blueprint"), "loss": state.get("loss"),
+                    "optimizer kind": type(optimizer).__name__, "scheduler": state.get("scheduler"),
+                    "batch size": state.get("batch_size"), "input shape (H, W, C)": tuple(state.get("sample_shape", ())),
+                    "seed": state.get("seed")}
+        current = {"model": repr(self.blueprint_value), "loss": repr(self.loss_config),
+                   "optimizer kind": type(self.optimizer_config).__name__, "scheduler": repr(self.scheduler_config),
+                   "batch size": self.batch, "input shape (H, W, C)": self.train_set.sample_shape,
+                   "seed": self.seed_value}
+        fixes = {"model": "resume with the same model (DeepLearningTask.load(path) rebuilds the task the checkpoint "
+                          "was trained with), or start a new run in another --out folder",
+                 "loss": f"configure the checkpoint's loss: .loss({recorded['loss']})",
+                 "optimizer kind": f"use the checkpoint's optimizer (--optimizer {recorded['optimizer kind'].lower()}, "
+                                   f"or .optimizer({state.get('optimizer')}))",
+                 "scheduler": f"configure the checkpoint's scheduler: .scheduler({recorded['scheduler']})",
+                 "batch size": f"use --batch-size {recorded['batch size']} (or .data(..., batch_size="
+                               f"{recorded['batch size']}))",
+                 "input shape (H, W, C)": "resume on data of the shape the checkpoint was trained on",
+                 "seed": f"use --seed {recorded['seed']} (or .seed({recorded['seed']}))"}
+        check_resumable(path, recorded, current, fixes)
 
     @staticmethod
     def load(path) -> "DeepLearningTask":
@@ -429,11 +508,14 @@ class DeepLearningTask:
         _, state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
-        namespace = {**vars(blueprint), **vars(optim), "BluePrint": BluePrint}
-        return (DeepLearningTask().model(eval(state["blueprint"], namespace))
-                .loss(eval(state["loss"], namespace)).optimizer(eval(state["optimizer"], namespace))
-                .scheduler(eval(state["scheduler"], namespace)).epochs(int(state["epochs"]))
-                .seed(int(state["seed"]))._new(batch=int(state["batch_size"])))
+        # parsed, never evaluated: a checkpoint cannot run code
+        return (DeepLearningTask().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
+                .loss(parse_as(state.get("loss"), f"{path}: loss", (CrossEntropyLoss,)))
+                .optimizer(parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW)))
+                .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler",
+                                    (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)))
+                .epochs(_count(path, state, "epochs", 1)).seed(_count(path, state, "seed", 0))
+                ._new(batch=_count(path, state, "batch_size", 1)))
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:
@@ -450,14 +532,33 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: fl
     return out
 
 
+def _count(path, state: dict, key: str, minimum: int) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{path}: the checkpoint's {key} must be an int >= {minimum}, found {value!r}")
+    return value
+
+
+def _history(path, records) -> list[EpochRecord]:
+    names = sorted(f.name for f in fields(EpochRecord))
+    if not isinstance(records, list) or any(not isinstance(r, dict) or sorted(r) != names for r in records):
+        raise ConfigError(f"{path}: the checkpoint's history must be a list of epoch records with fields {names}")
+    return [EpochRecord(**r) for r in records]
+
+
 def _flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"DeepLearningTask.{name}(enabled): expected True or False, got {value!r}")
     return value
 
 
-def _progress(enabled: bool, total: int, description: str):
+def _progress(enabled: bool, total: int, description: str, done: int = 0):
     if not enabled:
         return None
     from tqdm import tqdm
-    return tqdm(total=total, desc=description, unit="batch", leave=True, dynamic_ncols=True)
+    return tqdm(total=total, initial=done, desc=description, unit="batch", leave=True, dynamic_ncols=True)
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

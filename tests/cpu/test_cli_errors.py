@@ -46,9 +46,9 @@ CLI_ERRORS = [
     # name, argv (formatted with tmp paths), fragment of the message
     ("cuda without a GPU", ["--device", "cuda"], "train on the CPU with --device cpu"),
     ("diverging lr", ["--lr", "1e30"], "the loss became nan; lower the learning rate"),
-    ("--out names a file", ["--out", "{file}"], "a file of that name exists; give a folder"),
+    ("--out names a file", ["--out", "{file}"], "is a file, not a folder; pass a folder path"),
     ("resume into another channel count", ["--data", "cifar10:{cifar}", "--resume", "{digits_checkpoint}"],
-     "mis-shaped keys"),
+     "cannot resume: different"),
     ("empty dataset", ["--data", "cifar10:{empty}"], "should hold whole CIFAR-10 binary records"),
     ("constant channel", ["--data", "cifar10:{constant}"], "channel 0 of the training data is constant"),
     ("unknown data", ["--data", "mnist"], "--data: expected digits, synthetic or cifar10:PATH"),

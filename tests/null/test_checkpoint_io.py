@@ -137,8 +137,58 @@ def test_process_killed_before_rename_leaves_the_old_checkpoint(tmp_path):
     assert state == {"epoch": 1} and tensors["w"].tolist() == [0, 0, 0]
     leftovers = sorted(set(os.listdir(tmp_path)) - {"c.safetensors"})
     assert len(leftovers) == 1 and leftovers[0].startswith(".c.safetensors.") and leftovers[0].endswith(".tmp")
-    save_checkpoint(path, {"w": np.ones(3, np.float32)}, {"epoch": 3})  # a later save still works
+    save_checkpoint(path, {"w": np.ones(3, np.float32)}, {"epoch": 3})  # a later save still works ...
     assert load_checkpoint(path)[1] == {"epoch": 3}
+    assert os.listdir(tmp_path) == ["c.safetensors"]  # ... and removed the orphan temporary file
+
+
+# ---- integrity ----------------------------------------------------------------------------------
+def _data_start(path) -> int:
+    return 8 + int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def _flip(path, start: int, count: int = 16) -> None:
+    raw = bytearray(path.read_bytes())
+    for i in range(start, start + count):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_flipped_data_bytes_are_refused_naming_the_file(tmp_path, where):
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, TENSORS, STATE)
+    start, end = _data_start(path), path.stat().st_size
+    _flip(path, {"first": start, "middle": (start + end) // 2, "last": end - 16}[where])
+    with pytest.raises(_checkpoint.CheckpointIntegrityError, match="tensor data does not match its sha256") as caught:
+        load_checkpoint(path)
+    assert str(path) in str(caught.value) and isinstance(caught.value, ValueError)
+
+
+def test_an_edited_header_is_refused(tmp_path):
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, TENSORS, {"epoch": 7})
+    raw = path.read_bytes()
+    assert raw.count(b'\\"epoch\\": 7') == 1
+    path.write_bytes(raw.replace(b'\\"epoch\\": 7', b'\\"epoch\\": 8'))   # same length, still valid JSON
+    with pytest.raises(_checkpoint.CheckpointIntegrityError, match="header .* does not match its sha256"):
+        load_checkpoint(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_tensors_are_refused_naming_the_tensor(tmp_path, bad):
+    path = tmp_path / "c.safetensors"
+    tensors = {**TENSORS, "optim.state0.fc.weight": np.array([0.0, bad, 1.0], np.float32)}
+    save_checkpoint(path, tensors, {})
+    with pytest.raises(_checkpoint.CheckpointIntegrityError, match="'optim.state0.fc.weight' holds 1 NaN/Inf"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_without_digests_is_refused(tmp_path):
+    path = tmp_path / "c.safetensors"
+    save_file({"w": np.zeros(2, np.float32)}, str(path), metadata={"blueprint_state": "{}", "blueprint_format": "1"})
+    with pytest.raises(ValueError, match="format '1' predates integrity digests"):
+        load_checkpoint(path)
 
 
 def _not_safetensors(path):
@@ -193,3 +243,42 @@ def test_bad_arguments(tmp_path):
         save_checkpoint(tmp_path / "c.safetensors", {"w": [1.0]}, {})
     with pytest.raises(FileNotFoundError, match="does not exist; create it first"):
         save_checkpoint(tmp_path / "missing" / "c.safetensors", {}, {})
+
+
+# ---- a checkpoint never runs code -------------------------------------------------------------
+def _task_state(**fields):
+    from blueprint import zoo
+    from blueprint.optim import SGD, ConstantLR, CrossEntropyLoss
+    from blueprint.task._task import CHECKPOINT_FORMAT
+    state = {"format": CHECKPOINT_FORMAT, "blueprint": repr(zoo.small_cnn()), "loss": repr(CrossEntropyLoss()),
+             "optimizer": repr(SGD()), "scheduler": repr(ConstantLR()), "epochs_done": 0, "epochs": 1,
+             "batch_size": 8, "seed": 0, "history": []}
+    return {**state, **fields}
+
+
+@pytest.mark.parametrize("field", ["blueprint", "loss", "optimizer", "scheduler"])
+def test_loading_a_task_parses_its_fields_and_never_runs_them(tmp_path, field):
+    from blueprint.task import ConfigError, DeepLearningTask
+    sentinel = tmp_path / "executed"
+    payload = f"__import__('os').system('touch {sentinel}') or BluePrint(seq(relu()))"
+    path = tmp_path / "evil.safetensors"
+    save_checkpoint(path, {}, _task_state(**{field: payload}))
+    with pytest.raises(ConfigError, match=r"__import__\('os'\)") as caught:
+        DeepLearningTask.load(path)
+    assert "\n" not in str(caught.value) and str(path) in str(caught.value)
+    assert not sentinel.exists()
+    save_checkpoint(path, {}, _task_state())
+    task = DeepLearningTask.load(path)
+    assert repr(task.blueprint_value) == _task_state()["blueprint"] and task.batch == 8
+
+
+@pytest.mark.parametrize("field, value", [("epochs", None), ("seed", "0"), ("batch_size", True), ("blueprint", None)])
+def test_a_task_checkpoint_with_a_missing_or_mistyped_field_is_a_one_line_error(tmp_path, field, value):
+    from blueprint.task import ConfigError, DeepLearningTask
+    path = tmp_path / "c.safetensors"
+    state = _task_state()
+    state[field] = value
+    save_checkpoint(path, {}, state)
+    with pytest.raises(ConfigError) as caught:
+        DeepLearningTask.load(path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)

@@ -18,6 +18,7 @@ CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILE = "test_batch.bin"
 CIFAR_FOLDER = "cifar-10-batches-bin"  # what the official cifar-10-binary.tar.gz unpacks to
 SYNTHETIC_CHUNK = 4096
+SYNTHETIC_PROTOTYPES, SYNTHETIC_SAMPLES = 0, 1   # spawn_key slots: the distribution, then each draw from it
 
 
 @lru_cache(maxsize=1)
@@ -101,29 +102,35 @@ def cifar10(path) -> tuple[ArrayDataset, ArrayDataset]:
             ArrayDataset(test_x, test_y, name="cifar10-test", num_classes=CIFAR_CLASSES))
 
 
-def synthetic(n: int, sample_shape=(32, 32, 3), num_classes: int = 10, seed: int = 0) -> ArrayDataset:
+def synthetic(n: int, sample_shape=(32, 32, 3), num_classes: int = 10, seed: int = 0, draw: int = 0) -> ArrayDataset:
     """A learnable uint8 image set: each class has its own colour and pixel pattern, plus noise.
 
-    Class ``k``'s prototype is a per-channel colour (uniform 64..192) plus a fixed pattern
-    (uniform ±32 per pixel); a sample is its prototype plus Gaussian noise (sigma 24),
-    clipped to 0..255. Labels are balanced (``i % num_classes``, shuffled).
+    ``seed`` fixes the distribution: class ``k``'s prototype is a per-channel colour (uniform
+    64..192) plus a fixed pattern (uniform ±32 per pixel). ``draw`` picks the sample from it:
+    a sample is its prototype plus Gaussian noise (sigma 24), clipped to 0..255, and labels
+    are balanced (``i % num_classes``, shuffled). So a train and a validation set of one task
+    share ``seed`` and differ in ``draw``.
 
-    >>> ds = synthetic(100, (8, 8, 3), num_classes=4)
-    >>> len(ds), ds.sample_shape, ds.num_classes, ds.x.dtype
-    (100, (8, 8, 3), 4, dtype('uint8'))
+    >>> train, val = synthetic(100, (8, 8, 3), num_classes=4), synthetic(40, (8, 8, 3), num_classes=4, draw=1)
+    >>> len(train), train.sample_shape, train.num_classes, train.x.dtype, len(val)
+    (100, (8, 8, 3), 4, dtype('uint8'), 40)
     """
     sample_shape = tuple(sample_shape)
     if len(sample_shape) != 3 or any(not isinstance(s, int) or s < 1 for s in sample_shape):
         raise ValueError(f"synthetic expects sample_shape (H, W, C) of positive integers; found {sample_shape!r}.")
     if n < 1 or num_classes < 1:
         raise ValueError(f"synthetic expects n >= 1 and num_classes >= 1; found n={n}, num_classes={num_classes}.")
-    rng = np.random.Generator(np.random.PCG64(seed))
-    colour = rng.uniform(64, 192, size=(num_classes, 1, 1, sample_shape[2]))
-    prototypes = (colour + rng.uniform(-32, 32, size=(num_classes,) + sample_shape)).astype(np.float32)
+    for name, value in (("seed", seed), ("draw", draw)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"synthetic expects {name} as an integer >= 0; found {value!r}.")
+    distribution = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(SYNTHETIC_PROTOTYPES,))))
+    colour = distribution.uniform(64, 192, size=(num_classes, 1, 1, sample_shape[2]))
+    prototypes = (colour + distribution.uniform(-32, 32, size=(num_classes,) + sample_shape)).astype(np.float32)
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(SYNTHETIC_SAMPLES, draw))))
     y = rng.permutation(np.arange(n) % num_classes)
     x = np.empty((n,) + sample_shape, dtype=np.uint8)
     for start in range(0, n, SYNTHETIC_CHUNK):
         labels = y[start:start + SYNTHETIC_CHUNK]
         noise = rng.standard_normal((len(labels),) + sample_shape, dtype=np.float32) * 24
         x[start:start + len(labels)] = np.clip(np.rint(prototypes[labels] + noise), 0, 255)
-    return ArrayDataset(x, y, name=f"synthetic-{n}", num_classes=num_classes)
+    return ArrayDataset(x, y, name=f"synthetic-{n}-draw{draw}", num_classes=num_classes)

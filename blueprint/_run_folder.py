@@ -1,0 +1,90 @@
+"""The `--out` folder of `blueprint train`: one run at a time, nothing truncated, nothing left behind.
+
+- **Lock.** A run holds an exclusive `flock` on ``OUT/.lock`` (which holds its pid) for its
+  whole life. A second run into the same folder is refused naming the holder's pid. The
+  kernel drops the lock when its process dies, however it dies, so the lock of a killed run
+  is simply taken over by the next one.
+- **History.** Each run appends to ``OUT/history.jsonl``, one JSON object per epoch with a
+  ``run`` id (UTC start time, pid, random tag); earlier runs' lines are never rewritten.
+- **Nothing left behind.** On exit the lock file is removed, and folders the run created are
+  removed again if it wrote nothing into them (a run that fails before its first step leaves
+  the file system as it found it).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_NAME = ".lock"
+HISTORY_NAME = "history.jsonl"
+
+
+class RunFolderError(ValueError):
+    """The --out folder cannot be used for this run; the message says why and what to do."""
+
+
+def new_run_id() -> str:
+    """UTC start time, pid and a random tag (two runs of one process within a second still differ)."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@contextmanager
+def run_folder(path: Path):
+    """Create (if needed) and lock ``path`` for the duration of the ``with`` block."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunFolderError(f"--out {path} is a file, not a folder; pass a folder path (it is created if missing)")
+    created = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = _lock(path / LOCK_NAME)
+    except BaseException:
+        _remove_if_empty(created)
+        raise
+    try:
+        yield path
+    finally:
+        (path / LOCK_NAME).unlink(missing_ok=True)   # before closing: a waiter then sees the lock file gone
+        os.close(descriptor)
+        _remove_if_empty(created)
+
+
+def _lock(lock_path: Path) -> int:
+    while True:
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(descriptor)
+            raise RunFolderError(f"run folder {lock_path.parent} is in use by another run (pid {holder}); wait for it "
+                                 "to finish or pass another --out") from None
+        try:
+            current = os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current != os.fstat(descriptor).st_ino:   # the holder finished and removed it meanwhile: retry
+            os.close(descriptor)
+            continue
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
+        return descriptor
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    for folder in created:           # deepest first
+        try:
+            folder.rmdir()
+        except OSError:              # not empty (the run wrote something) or already gone
+            return
+
+
+def append_history(folder: Path, run_id: str, record: dict) -> None:
+    """One epoch's line, tagged with the run; appended, never truncating earlier runs."""
+    with open(Path(folder) / HISTORY_NAME, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"run": run_id, **record}) + "\n")
