@@ -23,7 +23,7 @@ from pathlib import Path
 
 from blueprint import __version__, zoo
 from blueprint._layer import BluePrint, Layer
-from planner import ArchPlan, ExpandError
+from planner import ArchPlan, ExpandError, build_kind
 from planner.compiler import CompiledPlan, Compiler
 from planner.memory import lifetimes
 from planner.registry import ShapeError
@@ -126,6 +126,7 @@ def run_plan(args) -> int:
     print()
     print(plan.memory.report())
     print(f"compiled in {plan.compile_ms:.1f} ms (train and eval variants); verify() found no error")
+    print(f"planner build: {build_kind()}")
     return 0
 
 
