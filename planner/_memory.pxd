@@ -20,7 +20,7 @@ cdef int64_t _place(const int64_t[::1] aligned, const int64_t[::1] first, const 
 cdef int64_t _best_fit(Pool offsets, Pool ends, Pool firsts, Pool lasts, Py_ssize_t start, Py_ssize_t count,
                        int64_t size, int64_t f, int64_t l, Pool live) noexcept
 
-@cython.locals(at=Py_ssize_t)
+@cython.locals(stop=Py_ssize_t, at=Py_ssize_t)
 cdef void _insert(Pool offsets, Pool ends, Pool firsts, Pool lasts, Py_ssize_t start, Py_ssize_t count,
                   int64_t offset, int64_t end, int64_t f, int64_t l) noexcept
 

@@ -210,11 +210,13 @@ def _best_fit(offsets, ends, firsts, lasts, start, count, size, f, l, live):
 
 def _insert(offsets, ends, firsts, lasts, start, count, offset, end, f, l):
     """Insert one entry into the shelf of ``count`` entries at ``start``, after every lower or equal offset."""
-    at = _upper_bound(offsets, start, start + count, offset)
-    _shift(offsets, at, start + count, 1)
-    _shift(ends, at, start + count, 1)
-    _shift(firsts, at, start + count, 1)
-    _shift(lasts, at, start + count, 1)
+    stop = start + count
+    at = _upper_bound(offsets, start, stop, offset)
+    if at < stop:  # not above every entry: make room
+        _shift(offsets, at, stop, 1)
+        _shift(ends, at, stop, 1)
+        _shift(firsts, at, stop, 1)
+        _shift(lasts, at, stop, 1)
     offsets[at] = offset
     ends[at] = end
     firsts[at] = f
@@ -228,10 +230,11 @@ def _merge(offsets, ends, firsts, lasts, into, count, source, n_source):
     for b in range(n_source - 1, -1, -1):
         offset = offsets[source + b]
         at = _upper_bound(offsets, into, stop, offset)
-        _shift(offsets, at, stop, b + 1)
-        _shift(ends, at, stop, b + 1)
-        _shift(firsts, at, stop, b + 1)
-        _shift(lasts, at, stop, b + 1)
+        if at < stop:
+            _shift(offsets, at, stop, b + 1)
+            _shift(ends, at, stop, b + 1)
+            _shift(firsts, at, stop, b + 1)
+            _shift(lasts, at, stop, b + 1)
         offsets[at + b] = offset
         ends[at + b] = ends[source + b]
         firsts[at + b] = firsts[source + b]
