@@ -6,6 +6,7 @@ on the uncompiled source, warn exactly once per process naming the build command
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import os
@@ -145,3 +146,14 @@ def test_build_kind_reports_the_compiled_modules_where_they_are_built(monkeypatc
 def test_source_refuses_a_module_that_is_not_one_of_the_cython_sources():
     with pytest.raises(ValueError, match=r"expected one of \('planner._expand', 'planner._memory'\), got 'planner.expand'"):
         _build.source("planner.expand")
+
+
+def test_setup_compiles_exactly_the_modules_the_planner_loads_each_from_one_source():
+    tree = ast.parse((REPO / "setup.py").read_text())
+    listed = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                  and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["CYTHON_MODULES"])
+    assert tuple(ast.literal_eval(listed)) == _build.CYTHON_MODULES
+    for name in _build.CYTHON_MODULES:
+        stem = REPO / name.replace(".", "/")
+        assert stem.with_suffix(".py").is_file() and stem.with_suffix(".pxd").is_file(), stem
+    assert not list((REPO / "planner").glob("*.pyx")), "a hand-written .pyx is back: keep one .py + .pxd source"
