@@ -1,19 +1,18 @@
-"""asv benchmarks of the transient-tensor offset allocator, Cython build and pure-Python twin.
+"""asv benchmarks of the transient-tensor offset allocator, compiled and its same source uncompiled.
 
 Run directly (``python -m benchmarks.bench_memory_alloc`` from the repository root) for a
 one-screen summary: time per implementation, the speedup, and arena / lower bound.
 """
+import importlib
 import timeit
 
 import numpy as np
 
-from planner import _memory_py
+from planner._build import is_compiled, source
 
-try:
-    from planner import _memory_c
-except ImportError:
-    _memory_c = None
-
+_memory = importlib.import_module("planner._memory")
+_memory_py = source("planner._memory")
+_memory_c = _memory if is_compiled(_memory) else None
 IMPLEMENTATIONS = {"cython": _memory_c, "pure": _memory_py}
 # Batch 32, fp16 NHWC activations of ResNet's four stages.
 STAGE_BYTES = [32 * 2 * hw * hw * c for hw, c in ((56, 256), (28, 512), (14, 1024), (7, 2048))]
@@ -58,7 +57,7 @@ class MemoryAllocator:
     def setup(self, implementation, problem):
         self.allocator = IMPLEMENTATIONS[implementation]
         if self.allocator is None:
-            raise NotImplementedError("planner._memory_c is not built")
+            raise NotImplementedError("planner._memory is not compiled: run `python setup.py build_ext --inplace`")
         self.problem = PROBLEMS[problem]()
 
     def time_assign_offsets(self, implementation, problem):

@@ -3,17 +3,19 @@
 asv:    `cd benchmarks && asv run` (see asv.conf.json) times `expand_tree`, `ArchPlan.from_blueprint`
         and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
         resnet20, resnet50, resnet152 and mobilenet_v2, each with the Cython build and with the
-        pure-Python twins.
+        same sources uncompiled.
 script: `python benchmarks/bench_planner.py` prints the same times (median and fastest of repeated
         runs) with the Cython/pure speedup.
 
-The twins are selected by calling `planner._expand_py` / `planner._memory_py` directly, not
-through BLUEPRINT_PURE_PYTHON (read once at import time). Times are process CPU time: the
-planner is single-threaded, and CPU time is not inflated by other load on a shared machine.
+The builds are selected by calling the compiled `planner._expand` / `planner._memory` or their
+`.py` source loaded uncompiled (`planner._build.source`) directly, not through
+BLUEPRINT_PURE_PYTHON. Times are process CPU time: the planner is single-threaded, and CPU time
+is not inflated by other load on a shared machine.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
 import statistics
 import sys
 import time
@@ -25,8 +27,12 @@ if __name__ == "__main__":
 import planner.expand
 import planner.memory
 from blueprint import zoo
-from planner import ArchPlan, _expand_c, _expand_py, _memory_c, _memory_py
+from planner import ArchPlan
+from planner._build import BUILD_COMMAND, is_compiled, source
 from planner.compiler import Compiler
+
+_expand_c, _memory_c = importlib.import_module("planner._expand"), importlib.import_module("planner._memory")
+_expand_py, _memory_py = source("planner._expand"), source("planner._memory")
 
 MODELS = ("resnet20", "resnet50", "resnet152", "mobilenet_v2")
 BUILDS = ("cython", "pure")
@@ -55,7 +61,7 @@ def using(build: str):
 
 # ---- asv ------------------------------------------------------------------------------------------
 class ExpandTree:
-    """The tree walk alone (Cython vs the twin); setup checks both give the same records."""
+    """The tree walk alone (compiled vs uncompiled); setup checks both give the same records."""
 
     params = (MODELS, BUILDS)
     param_names = ("model", "build")
@@ -64,9 +70,11 @@ class ExpandTree:
     def setup(self, model, build):
         self.bp = zoo.MODELS[model].build()
         self.channels = zoo.MODELS[model].input_shape[2]
+        if not is_compiled(_expand_c):
+            raise NotImplementedError(f"planner._expand is not compiled: run {BUILD_COMMAND}")
         records = EXPANDERS[build](self.bp.root, self.channels)
         if records != _expand_py.expand_tree(self.bp.root, self.channels):
-            raise AssertionError(f"{model}: the {build} expander disagrees with the pure-Python twin")
+            raise AssertionError(f"{model}: the {build} expander disagrees with its source run uncompiled")
 
     def time_expand_tree(self, model, build):
         EXPANDERS[build](self.bp.root, self.channels)
@@ -150,4 +158,6 @@ def speed_table() -> str:
 
 
 if __name__ == "__main__":
+    if not (is_compiled(_expand_c) and is_compiled(_memory_c)):
+        sys.exit(f"the planner's Cython modules are not compiled: run {BUILD_COMMAND} first")
     print(speed_table())

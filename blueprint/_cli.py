@@ -22,7 +22,7 @@ from blueprint import __version__, zoo
 from blueprint._layer import BluePrint
 from blueprint._model_source import CliError, load_model
 from blueprint._train_command import add_train_command
-from planner import ArchPlan, ExpandError
+from planner import ArchPlan, ExpandError, build_kind
 from planner.compiler import CompiledPlan, Compiler
 from planner.memory import lifetimes
 from planner.registry import ShapeError
@@ -124,6 +124,7 @@ def run_plan(args) -> int:
     print()
     print(plan.memory.report())
     print(f"compiled in {plan.compile_ms:.1f} ms (train and eval variants); verify() found no error")
+    print(f"planner build: {build_kind()}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """`ArchPlan.from_blueprint`: expand the tree, then run the normalisation passes in order.
 
-    expand_tree            tree -> primitives (Cython `_expand_c`, or the twin `_expand_py`)
+    expand_tree            tree -> primitives (`planner._expand`: compiled, or its source uncompiled)
     drop_identities        identity layers become aliases of their input
     normalise_flatten      flatten of a 2-D value is dropped; fc on a 4-D value gets an explicit flatten
     resolve_batchnorm_rank bn -> bn2d after NHWC values, bn1d after (N, F) values
@@ -14,29 +14,20 @@
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import replace
 
 from blueprint._layer import BluePrint
 from planner._arch import NETWORK_INPUT, ArchLayer, ArchPlan
-from planner._expand_py import ExpandError
+from planner._build import load
+from planner._expand_error import ExpandError
 
 INPUT_CHANNEL_ALIGNMENT = 4   # fp16 first-layer loads want 8-byte rows
 FUSED_CHANNEL_MULTIPLE = 8    # fused fp16 kernels vectorise channels by 8
 
 
 def _expander():
-    if os.environ.get("BLUEPRINT_PURE_PYTHON") == "1":
-        from planner import _expand_py
-        return _expand_py.expand_tree
-    try:
-        from planner import _expand_c
-    except ImportError as error:
-        raise ImportError("planner._expand_c (the compiled expander) is not built: run `pip install -e .` "
-                          "(or `python setup.py build_ext --inplace`), or set BLUEPRINT_PURE_PYTHON=1 to use "
-                          "the pure-Python twin") from error
-    return _expand_c.expand_tree
+    return load("planner._expand").expand_tree
 
 
 def _to_layers(records) -> list[ArchLayer]:

@@ -4,27 +4,29 @@
 every tensor (int64 byte sizes, inclusive int32 op-index lifetimes) in one arena so
 that no two tensors with intersecting lifetimes overlap; ``live_lower_bound`` is the
 largest total live at any op, which no placement can beat. The algorithm, and what it
-never plans, is stated in ``planner._memory_py``, the pure-Python twin.
+never plans, is stated in ``planner._memory``, its one source.
 
-The Cython build ``planner._memory_c`` is used unless ``BLUEPRINT_PURE_PYTHON=1``
-selects the twin. A missing build is an error, never a silent slow fallback.
+Each call runs ``planner._memory`` compiled, or its source uncompiled where
+``BLUEPRINT_PURE_PYTHON=1`` asks for it or the tree was never built (then with one
+warning); ``planner._build`` makes that choice.
 
 >>> offsets, arena = assign_offsets([512, 256, 512], [0, 1, 2], [0, 1, 2])
 >>> offsets.tolist(), arena
 ([0, 0, 0], 512)
 """
-import os
+from planner._build import load
 
-if os.environ.get("BLUEPRINT_PURE_PYTHON") == "1":
-    from planner._memory_py import assign_offsets, live_lower_bound
-else:
-    try:
-        from planner._memory_c import assign_offsets, live_lower_bound
-    except ImportError as error:
-        raise ImportError(
-            "the Cython memory allocator planner._memory_c is not built. Build it with "
-            "`pip install -e .` or `python setup.py build_ext --inplace`, "
-            "or set BLUEPRINT_PURE_PYTHON=1 to use the slower pure-Python twin."
-        ) from error
+DEFAULT_ALIGNMENT = 256
+
+
+def assign_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
+    """Offsets (int64, multiples of ``alignment``) and the arena size in bytes."""
+    return load("planner._memory").assign_offsets(sizes, first, last, alignment)
+
+
+def live_lower_bound(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
+    """Largest total of aligned sizes live at any one op; a bound no allocator can beat."""
+    return load("planner._memory").live_lower_bound(sizes, first, last, alignment)
+
 
 __all__ = ["assign_offsets", "live_lower_bound"]

@@ -1,5 +1,6 @@
 """The `blueprint` command line, run in-process through `main(argv)`; one subprocess check of
 `python -m blueprint`."""
+import importlib
 import json
 import os
 import subprocess
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import planner
 from blueprint import __version__, zoo
 from blueprint._cli import main
+from planner import _build
 
 REPO = Path(__file__).resolve().parents[2]
 USER_MODEL = """
@@ -148,6 +151,16 @@ def test_plan_prints_a_layer_table_and_the_memory_report(capsys):
     assert "56,554" in total
     assert "arena" in out and "lower bound" in out and "KiB" in out
     assert "compiled in" in out and "verify() found no error" in out
+    assert out.splitlines()[-1] == f"planner build: {planner.build_kind()}"
+
+
+@pytest.mark.parametrize("pure, kind", [("1", "pure-python"), ("0", None)])
+def test_plan_says_which_planner_build_ran(capsys, monkeypatch, pure, kind):
+    monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", pure)
+    expected = kind or ("cython" if all(_build.is_compiled(importlib.import_module(m)) for m in _build.CYTHON_MODULES)
+                        else "pure-python")
+    assert main(["plan", "mlp", "--batch", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"planner build: {expected}"
 
 
 @pytest.mark.parametrize("attr", ["bp", "make"])

@@ -1,21 +1,24 @@
-"""The transient-tensor offset allocator: the Cython build against its pure-Python twin,
+"""The transient-tensor offset allocator: the compiled build against its own source run uncompiled,
 brute-force checks of every plan, hand-worked cases, input errors and plan quality."""
+import bisect
 import importlib
-import sys
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import _memory_py
+from planner import _build, memory_alloc
 
-try:
-    from planner import _memory_c
-except ImportError:
-    _memory_c = None
+# The twins: `planner._memory` as imported (the compiled extension where it is built) and the same
+# `_memory.py` loaded uncompiled under another module name (the oracle).
+_memory = importlib.import_module("planner._memory")
+_memory_py = _build.source("planner._memory")
+_memory_c = _memory if _build.is_compiled(_memory) else None
 
-NOT_BUILT = "planner._memory_c is not built; run `python setup.py build_ext --inplace` (or `pip install -e .`)"
+NOT_BUILT = "planner._memory is not compiled; run `python setup.py build_ext --inplace` (or `pip install -e .`)"
 needs_extension = pytest.mark.skipif(_memory_c is None, reason=NOT_BUILT)
 IMPLEMENTATIONS = [
     pytest.param(_memory_py, id="pure"),
@@ -60,6 +63,29 @@ def brute_force_lower_bound(sizes, first, last, alignment):
     return max((sum(s for s, f, l in zip(size, first, last) if f <= t <= l) for t in ops), default=0)
 
 
+def plain_best_fit(sizes, first, last, alignment):
+    """The algorithm of `planner._memory` step by step, with no shelves or time buckets: every
+    placed tensor is scanned for every new one. An independent check of the shelves, which the
+    compiled-vs-uncompiled twin tests cannot give (both run the same source)."""
+    size = aligned_sizes(sizes, alignment)
+    order = sorted(range(len(size)), key=lambda i: (-size[i], first[i], i))
+    offsets, placed = [0] * len(size), []  # placed: (offset, end, first, last), sorted by offset
+    for i in order:
+        if size[i] == 0:
+            continue
+        best_offset, best_gap, prev_end = -1, 0, 0
+        for p_offset, p_end, p_first, p_last in placed:
+            if p_first > last[i] or p_last < first[i]:
+                continue
+            gap = p_offset - prev_end
+            if gap >= size[i] and (best_offset < 0 or gap < best_gap):
+                best_offset, best_gap = prev_end, gap
+            prev_end = max(prev_end, p_end)
+        offsets[i] = prev_end if best_offset < 0 else best_offset
+        bisect.insort(placed, (offsets[i], offsets[i] + size[i], first[i], last[i]))
+    return offsets, max([o + s for o, s in zip(offsets, size) if s], default=0)
+
+
 # -- every implementation on random problems ------------------------------------------------------
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -84,7 +110,7 @@ def test_lower_bound_is_peak_live_bytes_and_bounds_the_arena(impl, problem):
 @needs_extension
 @settings(max_examples=200, deadline=None)
 @given(problem=problems(max_tensors=120, max_ops=60))
-def test_cython_and_twin_give_identical_plans(problem):
+def test_compiled_and_uncompiled_give_identical_plans(problem):
     sizes, first, last, alignment = problem
     c_offsets, c_arena = _memory_c.assign_offsets(sizes, first, last, alignment)
     py_offsets, py_arena = _memory_py.assign_offsets(sizes, first, last, alignment)
@@ -93,15 +119,35 @@ def test_cython_and_twin_give_identical_plans(problem):
         _memory_py.live_lower_bound(sizes, first, last, alignment)
 
 
-@needs_extension
-@pytest.mark.parametrize("seed", range(4))
-def test_cython_and_twin_agree_on_large_problems(seed):
-    """Large enough to exercise the Cython time buckets, crossing tensors and pending merges."""
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@settings(max_examples=150, deadline=None)
+@given(problem=problems(max_tensors=120, max_ops=60))
+def test_shelves_place_exactly_as_the_plain_algorithm(impl, problem):
+    sizes, first, last, alignment = problem
+    offsets, arena = impl.assign_offsets(sizes, first, last, alignment)
+    assert (offsets.tolist(), arena) == plain_best_fit(sizes, first, last, alignment)
+
+
+def test_shelves_place_exactly_as_the_plain_algorithm_on_a_large_problem():
+    """Time buckets, tensors crossing them and pending merges, at a scale the random problems miss."""
+    sizes, first, last = large_problem(seed=0, n=600)
+    offsets, arena = _memory_py.assign_offsets(sizes, first, last)
+    assert (offsets.tolist(), arena) == plain_best_fit(sizes.tolist(), first.tolist(), last.tolist(), 256)
+
+
+def large_problem(seed, n=1500):
     rng = np.random.default_rng(seed)
-    n = 1500
     sizes = rng.choice([0, 1, 256, 4096, 65536, 1 << 20], size=n) * rng.integers(1, 4, size=n)
     first = rng.integers(0, 2000, size=n)
     last = first + np.where(rng.random(n) < 0.2, rng.integers(0, 2000, size=n), rng.integers(0, 4, size=n))
+    return sizes, first, last
+
+
+@needs_extension
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_and_uncompiled_agree_on_large_problems(seed):
+    """Large enough to exercise the time buckets, crossing tensors and pending merges."""
+    sizes, first, last = large_problem(seed)
     c_offsets, c_arena = _memory_c.assign_offsets(sizes, first, last)
     py_offsets, py_arena = _memory_py.assign_offsets(sizes, first, last)
     assert np.array_equal(c_offsets, py_offsets) and c_arena == py_arena
@@ -203,31 +249,32 @@ def test_invalid_problems_raise_clear_errors(impl, function, sizes, first, last,
         getattr(impl, function)(sizes, first, last, **kwargs)
 
 
-# -- choosing the implementation ------------------------------------------------------------------
+# -- the twins and choosing between them ------------------------------------------------------------
 
-def _fresh_memory_alloc(monkeypatch, pure):
-    if pure:
-        monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", "1")
-    else:
-        monkeypatch.delenv("BLUEPRINT_PURE_PYTHON", raising=False)
-    monkeypatch.delitem(sys.modules, "planner.memory_alloc", raising=False)
-    return importlib.import_module("planner.memory_alloc")
+def test_the_oracle_is_the_source_uncompiled_never_the_extension():
+    """The twin tests compare two different modules: were the oracle the module under test, they
+    would pass vacuously."""
+    assert _memory_py is not _memory and _memory_py.assign_offsets is not _memory.assign_offsets
+    assert not _build.is_compiled(_memory_py) and _memory_py.__name__ == "planner._memory_source"
+    assert Path(_memory_py.__file__) == Path(_build.__file__).with_name("_memory.py")
 
 
-def test_pure_python_switch_selects_the_twin(monkeypatch):
-    monkeypatch.setitem(sys.modules, "planner._memory_c", None)  # the twin must not need the build
-    assert _fresh_memory_alloc(monkeypatch, pure=True).assign_offsets is _memory_py.assign_offsets
+def test_pure_python_switch_selects_the_source_without_a_warning(monkeypatch):
+    monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _build.load("planner._memory") is _memory_py
+        assert memory_alloc.assign_offsets([512, 256], [0, 0], [1, 1])[0].tolist() == [0, 512]
+    monkeypatch.setattr(_memory_py, "assign_offsets", lambda *a: "the source ran")
+    assert memory_alloc.assign_offsets([1], [0], [0]) == "the source ran"
 
 
 @needs_extension
 def test_default_is_the_cython_build(monkeypatch):
-    assert _fresh_memory_alloc(monkeypatch, pure=False).assign_offsets is _memory_c.assign_offsets
-
-
-def test_missing_build_is_an_error_not_a_silent_fallback(monkeypatch):
-    monkeypatch.setitem(sys.modules, "planner._memory_c", None)  # makes `import planner._memory_c` fail
-    with pytest.raises(ImportError, match="build_ext --inplace.*BLUEPRINT_PURE_PYTHON=1"):
-        _fresh_memory_alloc(monkeypatch, pure=False)
+    monkeypatch.delenv("BLUEPRINT_PURE_PYTHON", raising=False)
+    assert _build.load("planner._memory") is _memory_c
+    monkeypatch.setattr(_memory_c, "live_lower_bound", lambda *a: "the extension ran")
+    assert memory_alloc.live_lower_bound([1], [0], [0]) == "the extension ran"
 
 
 # -- plan quality on CNN-training-style schedules -------------------------------------------------

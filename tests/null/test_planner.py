@@ -1,5 +1,5 @@
-"""The planner end to end: the Cython expander against its pure-Python twin, every zoo model and
-random well-formed trees through compile + verify, and verify() catching corrupted plans.
+"""The planner end to end: the compiled expander against its own source run uncompiled, every zoo
+model and random well-formed trees through compile + verify, and verify() catching corrupted plans.
 
 Random trees come from `networks()`, a strategy that tracks the value's channels, spatial size
 and rank while it draws, so every tree it makes is valid by construction (the test that
@@ -9,13 +9,16 @@ must fail on them with the same error.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from dataclasses import dataclass, replace
+from pathlib import Path
 from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import planner
 import planner.compiler
 import planner.expand
 from blueprint import (
@@ -23,12 +26,19 @@ from blueprint import (
     flatten, gap, gap_fc, gelu, group_conv, hardswish, identity, leaky_relu, maxpool, mbconv, named, relu, relu6,
     repeat, seq, sigmoid, silu, tanh, zoo,
 )
-from planner import ArchPlan, ExpandError, _expand_c, _expand_py
+from planner import ArchPlan, ExpandError
+from planner._build import is_compiled, source
 from planner.compiler import Compiler, size_slot
 from planner.registry import ShapeError
 from planner.verify import PlanError
 
+# The twins: `planner._expand` as imported (the compiled extension where it is built) and the same
+# `_expand.py` loaded uncompiled under another module name (the oracle).
+_expand_c, _expand_py = importlib.import_module("planner._expand"), source("planner._expand")
 TWINS = {"cython": _expand_c.expand_tree, "pure": _expand_py.expand_tree}
+needs_build = pytest.mark.skipif(not is_compiled(_expand_c), reason=(
+    "planner._expand is not compiled, so there is no compiled twin to check: "
+    "run `python setup.py build_ext --inplace` (or `pip install -e .`)"))
 FUSE_MODES = [pytest.param(dict(fuse=False), id="unfused"), pytest.param(dict(fuse=True, amp=True), id="fused")]
 
 
@@ -245,6 +255,23 @@ LOOSE_TREES = st.recursive(LOOSE_LEAVES, lambda children: st.one_of(
 
 
 # ---- twins --------------------------------------------------------------------------------------
+def test_the_oracle_is_the_source_uncompiled_never_the_extension():
+    """Every twin test below compares two different modules: were the oracle the module under test,
+    they would all pass vacuously."""
+    assert _expand_py is not _expand_c and _expand_py.expand_tree is not _expand_c.expand_tree
+    assert not is_compiled(_expand_py) and _expand_py.__name__ == "planner._expand_source"
+    assert _expand_py.__file__ == str(Path(planner.__file__).with_name("_expand.py"))
+    assert _expand_c.__name__ == "planner._expand"
+
+
+@needs_build
+def test_the_compiled_twin_is_the_extension_built_from_that_source():
+    assert is_compiled(_expand_c) and not _expand_c.__file__.endswith(".py")
+    assert Path(_expand_c.__file__).parent == Path(_expand_py.__file__).parent
+    assert Path(_expand_c.__file__).name.split(".")[0] == "_expand"
+
+
+@needs_build
 @pytest.mark.parametrize("name", zoo.MODELS)
 def test_twins_give_identical_records_on_the_zoo(name):
     entry = zoo.MODELS[name]
@@ -254,6 +281,7 @@ def test_twins_give_identical_records_on_the_zoo(name):
     assert [tuple(map(type, r)) for r in compiled] == [tuple(map(type, r)) for r in pure]
 
 
+@needs_build
 @pytest.mark.parametrize("options", FUSE_MODES)
 @pytest.mark.parametrize("name", zoo.MODELS)
 def test_twins_give_identical_arch_plans_on_the_zoo(name, options):
@@ -264,6 +292,7 @@ def test_twins_give_identical_arch_plans_on_the_zoo(name, options):
     assert compiled.describe() == arch_with("pure", bp, in_channels=channels, **options).describe()
 
 
+@needs_build
 def test_the_environment_variable_selects_the_twin(monkeypatch):
     monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", "1")
     assert planner.expand._expander() is _expand_py.expand_tree
@@ -271,6 +300,7 @@ def test_the_environment_variable_selects_the_twin(monkeypatch):
     assert planner.expand._expander() is _expand_c.expand_tree
 
 
+@needs_build
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(networks(), networks(aligned=True)), st.booleans())
 def test_twins_agree_on_random_networks(network, fuse):
@@ -280,6 +310,7 @@ def test_twins_agree_on_random_networks(network, fuse):
     assert outcome(lambda: arch_with("cython", bp, **options)) == outcome(lambda: arch_with("pure", bp, **options))
 
 
+@needs_build
 @settings(max_examples=200, deadline=None)
 @given(LOOSE_TREES, st.integers(1, 9))
 def test_twins_fail_alike_on_arbitrary_trees(root, channels):
@@ -291,6 +322,7 @@ def test_twins_fail_alike_on_arbitrary_trees(root, channels):
                 == outcome(lambda: arch_with("pure", bp, in_channels=channels, **options)))
 
 
+@needs_build
 def test_the_twins_raise_the_same_expand_errors():
     bad = seq(conv(8, 3, 1, 1), gap(), conv(8, 3, 1, 1), fc(10))
     messages = {name: outcome(lambda: fn(bad, 3)) for name, fn in TWINS.items()}

@@ -89,11 +89,14 @@ def summary(bp: BluePrint, hwc: tuple[int, int, int], fuse: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.parametrize("pure_python", [False, True], ids=["as-built", "pure-python"])
 @pytest.mark.parametrize("stem, bp, hwc, fuse", CASES, ids=[c[0] for c in CASES])
-def test_plan_matches_the_hand_reviewed_golden_file(stem, bp, hwc, fuse):
+def test_plan_matches_the_hand_reviewed_golden_file(stem, bp, hwc, fuse, pure_python, monkeypatch):
+    """Both builds of the planner's Cython modules: compiled where it is built, and their source."""
+    monkeypatch.setenv("BLUEPRINT_PURE_PYTHON", "1" if pure_python else "0")
     text = summary(bp, hwc, fuse)
     path = GOLDEN / f"{stem}.txt"
-    if UPDATE:
+    if UPDATE and not pure_python:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
     assert path.exists(), f"{path} is missing; generate it with BLUEPRINT_UPDATE_GOLDEN=1 and review it by hand"

@@ -1,4 +1,5 @@
-"""Tree -> primitive layer records: the pure-Python twin of `_expand_c.pyx` (same algorithm).
+"""Tree -> primitive layer records. One source in Cython's pure-Python mode: `setup.py` compiles
+it (typed by `_expand.pxd`) into the fast path; imported uncompiled it is the oracle.
 
 `expand_tree(root, in_channels)` walks a BluePrint's `Layer` tree in evaluation order and
 returns a list of raw records
@@ -6,17 +7,32 @@ returns a list of raw records
 one per primitive, with value ids in SSA form (0 is the network input). Channel counts are
 tracked so blocks can choose their shortcut; a `-1` channel count means "known only after
 shape inference" (2-D values after a flatten). Errors raise `ExpandError` with the DSL path.
+
+Compiled, the walker is a cdef class whose counters, channel counts and ranks are C integers
+and whose walk steps return C tuples `(value, channels, rank)`. Parameter values (kernels, eps,
+...) stay Python objects, so the records are identical, type for type, in both builds.
 """
-from blueprint._layer import Kind
+from blueprint._layer import BlockStyle, Kind
+from planner._expand_error import ExpandError
 
 ACTIVATION_NAME = {
     Kind.RELU: "relu", Kind.RELU6: "relu6", Kind.LEAKY_RELU: "leaky_relu", Kind.SIGMOID: "sigmoid",
     Kind.TANH: "tanh", Kind.SILU: "silu", Kind.HARDSWISH: "hardswish", Kind.GELU: "gelu",
 }
 
+# Module globals, not `Kind.X` lookups in the walk: compiled, each is one C pointer compare.
+SEQ, REPEAT, NAMED, ADD2 = Kind.SEQ, Kind.REPEAT, Kind.NAMED, Kind.ADD2
+BLOCK, MBCONV, CBR, CBRP, GAP_FC = Kind.BLOCK, Kind.MBCONV, Kind.CBR, Kind.CBRP, Kind.GAP_FC
+IDENTITY, CONV, CONV_DW, GROUP_CONV, BN = Kind.IDENTITY, Kind.CONV, Kind.CONV_DW, Kind.GROUP_CONV, Kind.BN
+LEAKY_RELU, DROPOUT, FLATTEN, FC = Kind.LEAKY_RELU, Kind.DROPOUT, Kind.FLATTEN, Kind.FC
+MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING = Kind.MAXPOOL, Kind.AVGPOOL, Kind.GAP, Kind.CHANNEL_PADDING
+NO_PARAMS = ()
 
-class ExpandError(ValueError):
-    """A structural error found while flattening the tree; the message names the DSL path."""
+# An enum member's `.value`, `__hash__` and BlockStyle's properties are Python-level calls; the
+# walker looks them up by member identity in tables made once here instead.
+KIND_NAME = {id(k): k.value for k in Kind}
+ACTIVATIONS = {id(k): name for k, name in ACTIVATION_NAME.items()}
+STYLE = {id(s): (s.stride, s.bottleneck) for s in BlockStyle}
 
 
 def _join(prefix, name):
@@ -24,7 +40,7 @@ def _join(prefix, name):
 
 
 class _Walker:
-    def __init__(self, in_channels):
+    def __init__(self):
         self.records = []
         self.next_value = 1
         self.next_group = 0
@@ -32,31 +48,32 @@ class _Walker:
     def emit(self, kind, params, inputs, in_ch, out_ch, rank, prefix, path, group, group_kind):
         value = self.next_value
         self.next_value += 1
-        self.records.append((kind, params, tuple(inputs), value, in_ch, out_ch, rank, prefix, path, group, group_kind))
+        self.records.append((kind, params, inputs, value, in_ch, out_ch, rank, prefix, path, group, group_kind))
         return value
 
-    # every walk_* returns (value, channels, rank)
+    # every walk step returns (value, channels, rank)
     def walk(self, layer, value, ch, rank, prefix, path):
         kind = layer.kind
-        if kind is Kind.SEQ:
+        if kind is SEQ:
             return self.walk_seq(layer.children, value, ch, rank, prefix, path)
-        if kind is Kind.REPEAT:
+        if kind is REPEAT:
             return self.walk_seq((layer,), value, ch, rank, prefix, path)
-        if kind is Kind.NAMED:
+        if kind is NAMED:
             body = layer.children[0]
-            return self.walk(body, value, ch, rank, _join(prefix, layer.params.name), path + "." + body.kind.value)
-        if kind is Kind.ADD2:
+            return self.walk(body, value, ch, rank, _join(prefix, layer.params.name), path + "." + KIND_NAME[id(body.kind)])
+        if kind is ADD2:
             return self.walk_add2(layer, value, ch, rank, prefix, path)
-        if kind is Kind.BLOCK:
+        if kind is BLOCK:
             return self.walk_block(layer.params, value, ch, rank, prefix, path)
-        if kind is Kind.MBCONV:
+        if kind is MBCONV:
             return self.walk_mbconv(layer.params, value, ch, rank, prefix, path)
-        if kind in (Kind.CBR, Kind.CBRP):
+        if kind is CBR or kind is CBRP:
             return self.walk_cbr(layer, value, ch, rank, prefix, path)
-        if kind is Kind.GAP_FC:
+        if kind is GAP_FC:
             group = self.new_group()
             value, ch, rank = self.leaf_gap(value, ch, rank, prefix, path + ".gap", group, "gap_fc")
-            return self.leaf_fc(layer.params.out_features, layer.params.bias, value, ch, rank, prefix, path + ".fc", group, "gap_fc")
+            return self.leaf_fc(layer.params.out_features, layer.params.bias, value, ch, rank, prefix, path + ".fc",
+                                group, "gap_fc")
         return self.walk_leaf(layer, value, ch, rank, prefix, path, -1, "")
 
     def new_group(self):
@@ -65,16 +82,18 @@ class _Walker:
 
     def walk_seq(self, children, value, ch, rank, prefix, path):
         index = 0
-        for position, child in enumerate(children):
-            child_path = path + "[" + str(position) + "]." + child.kind.value
-            if child.kind is Kind.REPEAT:
+        position = 0
+        for child in children:
+            child_path = f"{path}[{position}].{KIND_NAME[id(child.kind)]}"
+            position += 1
+            if child.kind is REPEAT:
                 body = child.children[0]
                 for copy in range(child.params.times):
-                    copy_path = child_path + "[" + str(copy) + "]." + body.kind.value
+                    copy_path = f"{child_path}[{copy}].{KIND_NAME[id(body.kind)]}"
                     value, ch, rank = self.walk(body, value, ch, rank, _join(prefix, str(index)), copy_path)
                     index += 1
                 continue
-            if child.kind is Kind.NAMED:
+            if child.kind is NAMED:
                 value, ch, rank = self.walk(child, value, ch, rank, prefix, child_path)
             else:
                 value, ch, rank = self.walk(child, value, ch, rank, _join(prefix, str(index)), child_path)
@@ -88,7 +107,7 @@ class _Walker:
         if lhs_rank != rhs_rank or (lhs_ch != rhs_ch and lhs_ch >= 0 and rhs_ch >= 0):
             raise ExpandError(f"{path}: add2 branches disagree: lhs gives {lhs_ch} channels (rank {lhs_rank}), "
                               f"rhs gives {rhs_ch} channels (rank {rhs_rank}); make both branches end with the same channel count")
-        out = self.emit("add", (), (lhs_value, rhs_value), lhs_ch, lhs_ch, lhs_rank, prefix, path, -1, "")
+        out = self.emit("add", NO_PARAMS, (lhs_value, rhs_value), lhs_ch, lhs_ch, lhs_rank, prefix, path, -1, "")
         return out, lhs_ch, lhs_rank
 
     def conv(self, out_ch, k, s, p, groups, value, ch, rank, prefix, path, group, group_kind):
@@ -110,7 +129,7 @@ class _Walker:
 
     def leaf_gap(self, value, ch, rank, prefix, path, group, group_kind):
         self.need_rank4("gap", rank, path)
-        return self.emit("gap", (), (value,), ch, ch, 2, prefix, path, group, group_kind), ch, 2
+        return self.emit("gap", NO_PARAMS, (value,), ch, ch, 2, prefix, path, group, group_kind), ch, 2
 
     def leaf_fc(self, out, bias, value, ch, rank, prefix, path, group, group_kind):
         in_ch = ch if rank == 2 else -1
@@ -121,60 +140,67 @@ class _Walker:
         if rank != 4:
             raise ExpandError(f"{path}: {what} needs an NHWC (4-D) input, but it follows a layer that outputs "
                               f"(N, features); move it before the flatten/gap/fc")
+        return 0
 
     def walk_leaf(self, layer, value, ch, rank, prefix, path, group, group_kind):
         kind, p = layer.kind, layer.params
-        if kind is Kind.IDENTITY:
-            return self.emit("identity", (), (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
-        if kind is Kind.CONV:
-            return self.conv(p.out_channels, p.kernel, p.stride, p.padding, 1, value, ch, rank, prefix, path, group, group_kind)
-        if kind is Kind.CONV_DW:
+        if kind is IDENTITY:
+            return self.emit("identity", NO_PARAMS, (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
+        if kind is CONV:
+            return self.conv(p.out_channels, p.kernel, p.stride, p.padding, 1, value, ch, rank, prefix, path, group,
+                             group_kind)
+        if kind is CONV_DW:
             return self.conv(ch, p.kernel, p.stride, p.padding, 0, value, ch, rank, prefix, path, group, group_kind)
-        if kind is Kind.GROUP_CONV:
-            return self.conv(p.out_channels, p.kernel, p.stride, p.padding, p.groups, value, ch, rank, prefix, path, group, group_kind)
-        if kind is Kind.BN:
+        if kind is GROUP_CONV:
+            return self.conv(p.out_channels, p.kernel, p.stride, p.padding, p.groups, value, ch, rank, prefix, path,
+                             group, group_kind)
+        if kind is BN:
             return self.bn(p.momentum, p.eps, value, ch, rank, prefix, path, group, group_kind)
-        if kind in ACTIVATION_NAME:
-            params = (("slope", p.slope),) if kind is Kind.LEAKY_RELU else ()
-            return self.act(ACTIVATION_NAME[kind], params, value, ch, rank, prefix, path, group, group_kind)
-        if kind is Kind.DROPOUT:
+        name = ACTIVATIONS.get(id(kind))
+        if name is not None:
+            params = (("slope", p.slope),) if kind is LEAKY_RELU else NO_PARAMS
+            return self.act(name, params, value, ch, rank, prefix, path, group, group_kind)
+        if kind is DROPOUT:
             return self.emit("dropout", (("p", p.p),), (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
-        if kind is Kind.FLATTEN:
+        if kind is FLATTEN:
             out_ch = ch if rank == 2 else -1
-            return self.emit("flatten", (), (value,), ch, out_ch, 2, prefix, path, group, group_kind), out_ch, 2
-        if kind is Kind.FC:
+            return self.emit("flatten", NO_PARAMS, (value,), ch, out_ch, 2, prefix, path, group, group_kind), out_ch, 2
+        if kind is FC:
             return self.leaf_fc(p.out_features, p.bias, value, ch, rank, prefix, path, group, group_kind)
-        if kind in (Kind.MAXPOOL, Kind.AVGPOOL):
-            self.need_rank4(kind.value, rank, path)
+        if kind is MAXPOOL or kind is AVGPOOL:
+            name = KIND_NAME[id(kind)]
+            self.need_rank4(name, rank, path)
             params = (("kernel", p.kernel), ("padding", p.padding), ("stride", p.stride))
-            return self.emit(kind.value, params, (value,), ch, ch, 4, prefix, path, group, group_kind), ch, 4
-        if kind is Kind.GAP:
+            return self.emit(name, params, (value,), ch, ch, 4, prefix, path, group, group_kind), ch, 4
+        if kind is GAP:
             return self.leaf_gap(value, ch, rank, prefix, path, group, group_kind)
-        if kind is Kind.CHANNEL_PADDING:
+        if kind is CHANNEL_PADDING:
             self.need_rank4("channel_padding", rank, path)
             out_ch = -(-ch // p.multiple) * p.multiple
-            return self.emit("channel_pad", (("out_channels", out_ch),), (value,), ch, out_ch, 4, prefix, path, group, group_kind), out_ch, 4
+            return self.emit("channel_pad", (("out_channels", out_ch),), (value,), ch, out_ch, 4, prefix, path, group,
+                             group_kind), out_ch, 4
         raise ExpandError(f"{path}: no expansion rule for layer kind {kind.value!r}")
 
     def walk_cbr(self, layer, value, ch, rank, prefix, path):
         p = layer.params
         group = self.new_group()
-        if layer.kind is Kind.CBR:
+        pooled = layer.kind is CBRP
+        if not pooled:
             k, s, pad, momentum, eps = p.kernel, p.stride, p.padding, p.momentum, p.eps
         else:
             k, s, pad, momentum, eps = p.conv_kernel, p.conv_stride, p.conv_padding, 0.1, 1e-5
-        value, ch, rank = self.conv(p.out_channels, k, s, pad, 1, value, ch, rank, _join(prefix, "0"), path + ".conv", group, "cbr")
+        value, ch, rank = self.conv(p.out_channels, k, s, pad, 1, value, ch, rank, _join(prefix, "0"), path + ".conv",
+                                    group, "cbr")
         value, ch, rank = self.bn(momentum, eps, value, ch, rank, _join(prefix, "1"), path + ".bn", group, "cbr")
-        value, ch, rank = self.act("relu", (), value, ch, rank, prefix, path + ".relu", group, "cbr")
-        if layer.kind is Kind.CBRP:
+        value, ch, rank = self.act("relu", NO_PARAMS, value, ch, rank, prefix, path + ".relu", group, "cbr")
+        if pooled:
             params = (("kernel", p.pool_kernel), ("padding", p.pool_padding), ("stride", p.pool_stride))
             value = self.emit("maxpool", params, (value,), ch, ch, 4, prefix, path + ".maxpool", -1, "")
         return value, ch, rank
 
     def walk_block(self, p, value, ch, rank, prefix, path):
         self.need_rank4("block", rank, path)
-        stride = p.style.stride
-        bottleneck = p.style.bottleneck
+        stride, bottleneck = STYLE[id(p.style)]
         group_kind = "bottleneck" if bottleneck else "basic_block"
         group = self.new_group()
         x, in_ch = value, ch
@@ -183,20 +209,26 @@ class _Walker:
             convs = ((p.mid_channels, 1, 1, 0), (p.mid_channels, 3, stride, 1), (out, 1, 1, 0))
         else:
             convs = ((out, 3, stride, 1), (out, 3, 1, 1))
-        for index, (width, k, s, pad) in enumerate(convs):
+        n_convs = len(convs)
+        for index in range(n_convs):
+            width, k, s, pad = convs[index]
             n = str(index + 1)
-            value, ch, rank = self.conv(width, k, s, pad, 1, value, ch, rank, _join(prefix, "conv" + n), path + ".conv" + n, group, group_kind)
-            value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(prefix, "bn" + n), path + ".bn" + n, group, group_kind)
-            if index + 1 < len(convs):
-                value, ch, rank = self.act("relu", (), value, ch, rank, prefix, path + ".relu" + n, group, group_kind)
+            value, ch, rank = self.conv(width, k, s, pad, 1, value, ch, rank, _join(prefix, "conv" + n),
+                                        path + ".conv" + n, group, group_kind)
+            value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(prefix, "bn" + n), path + ".bn" + n, group,
+                                      group_kind)
+            if index + 1 < n_convs:
+                value, ch, rank = self.act("relu", NO_PARAMS, value, ch, rank, prefix, path + ".relu" + n, group,
+                                           group_kind)
         shortcut = x
         if stride != 1 or in_ch != out:
             ds = _join(prefix, "downsample")
-            shortcut, _, _ = self.conv(out, 1, stride, 0, 1, x, in_ch, 4, _join(ds, "0"), path + ".downsample.conv", group, group_kind)
-            shortcut, _, _ = self.bn(0.1, 1e-5, shortcut, out, 4, _join(ds, "1"), path + ".downsample.bn", group, group_kind)
-        value = self.emit("add", (), (shortcut, value), out, out, 4, prefix, path + ".add", group, group_kind)
-        value, ch, rank = self.act("relu", (), value, out, 4, prefix, path + ".relu", group, group_kind)
-        return value, ch, rank
+            shortcut = self.conv(out, 1, stride, 0, 1, x, in_ch, 4, _join(ds, "0"), path + ".downsample.conv",
+                                 group, group_kind)[0]
+            shortcut = self.bn(0.1, 1e-5, shortcut, out, 4, _join(ds, "1"), path + ".downsample.bn",
+                               group, group_kind)[0]
+        value = self.emit("add", NO_PARAMS, (shortcut, value), out, out, 4, prefix, path + ".add", group, group_kind)
+        return self.act("relu", NO_PARAMS, value, out, 4, prefix, path + ".relu", group, group_kind)
 
     def walk_mbconv(self, p, value, ch, rank, prefix, path):
         self.need_rank4("mbconv", rank, path)
@@ -206,24 +238,32 @@ class _Walker:
         conv_prefix = _join(prefix, "conv")
         index = 0
         if p.expand_ratio != 1:
-            value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, "0.0"), path + ".expand", group, "inv_residual")
-            value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, "0.1"), path + ".expand_bn", group, "inv_residual")
-            value, ch, rank = self.act("relu6", (), value, ch, rank, prefix, path + ".expand_relu6", group, "inv_residual")
+            value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, "0.0"),
+                                        path + ".expand", group, "inv_residual")
+            value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, "0.1"), path + ".expand_bn",
+                                      group, "inv_residual")
+            value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".expand_relu6", group,
+                                       "inv_residual")
             index = 1
         dw = _join(conv_prefix, str(index))
         pad = (p.kernel - 1) // 2
-        value, ch, rank = self.conv(ch, p.kernel, p.stride, pad, 0, value, ch, rank, _join(dw, "0"), path + ".depthwise", group, "inv_residual")
-        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(dw, "1"), path + ".depthwise_bn", group, "inv_residual")
-        value, ch, rank = self.act("relu6", (), value, ch, rank, prefix, path + ".depthwise_relu6", group, "inv_residual")
-        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, str(index + 1)), path + ".project", group, "inv_residual")
-        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, str(index + 2)), path + ".project_bn", group, "inv_residual")
+        value, ch, rank = self.conv(ch, p.kernel, p.stride, pad, 0, value, ch, rank, _join(dw, "0"),
+                                    path + ".depthwise", group, "inv_residual")
+        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(dw, "1"), path + ".depthwise_bn", group,
+                                  "inv_residual")
+        value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".depthwise_relu6", group,
+                                   "inv_residual")
+        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, str(index + 1)),
+                                    path + ".project", group, "inv_residual")
+        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, str(index + 2)),
+                                  path + ".project_bn", group, "inv_residual")
         if p.stride == 1 and in_ch == p.out_channels:
-            value = self.emit("add", (), (x, value), ch, ch, 4, prefix, path + ".add", group, "inv_residual")
+            value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "inv_residual")
         return value, ch, rank
 
 
 def expand_tree(root, in_channels):
     """Flatten `root` (a `Layer`) into raw primitive records; see the module docstring."""
-    walker = _Walker(in_channels)
-    walker.walk(root, 0, in_channels, 4, "", root.kind.value)
+    walker = _Walker()
+    walker.walk(root, 0, in_channels, 4, "", KIND_NAME[id(root.kind)])
     return walker.records
