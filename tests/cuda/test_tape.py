@@ -13,18 +13,17 @@ from cuda_kernels._tape import Immediate, LaunchTape
 def test_arena_views_alias_one_buffer():
     arena = DeviceArena(1000)
     assert arena.nbytes == 1024
-    arena.zero()
-    cuda.synchronize()   # zero() ran on the default stream, which a non-blocking stream does not wait for
+    stream = new_stream()
+    arena.zero(Immediate(stream))          # every operation on one stream: ordered without a device sync
     a = arena.view(256, (2, 3), np.float16)
     b = arena.view(256, 6, np.float16)
-    stream = new_stream()
     arena.upload(256, np.arange(6, dtype=np.float16).reshape(2, 3), stream)
     synchronize(stream)
-    np.testing.assert_array_equal(b.copy_to_host(), np.arange(6, dtype=np.float16))
-    np.testing.assert_array_equal(a.copy_to_host(), np.arange(6, dtype=np.float16).reshape(2, 3))
-    np.testing.assert_array_equal(arena.download(0, 256, np.uint8), 0)   # nothing outside the slot moved
-    arena.zero()
-    np.testing.assert_array_equal(arena.download(256, 6, np.float16), 0)
+    np.testing.assert_array_equal(b.copy_to_host(stream=stream), np.arange(6, dtype=np.float16))
+    np.testing.assert_array_equal(a.copy_to_host(stream=stream), np.arange(6, dtype=np.float16).reshape(2, 3))
+    np.testing.assert_array_equal(arena.download(0, 256, np.uint8, stream), 0)   # nothing outside the slot moved
+    arena.zero(Immediate(stream))
+    np.testing.assert_array_equal(arena.download(256, 6, np.float16, stream), 0)
 
 
 def test_arena_rejects_misaligned_and_out_of_range_slices():
@@ -34,7 +33,7 @@ def test_arena_rejects_misaligned_and_out_of_range_slices():
     with pytest.raises(ValueError, match="leave the arena"):
         arena.view(256, 65, np.float32)
     with pytest.raises(ValueError, match="leave the arena"):
-        arena.upload(ALIGNMENT, np.zeros(300, np.uint8))
+        arena.upload(ALIGNMENT, np.zeros(300, np.uint8), 0)
 
 
 def test_tape_rejects_host_arrays_and_wrong_scalar_types():
