@@ -65,6 +65,9 @@ class _EventStandIn:
     def synchronize(self):
         pass
 
+    def elapsed_time(self, other):
+        return 0.0
+
 
 class _RunnerStandIn:
     """In ``StepRunner``'s place: keeps the recorded tape."""
@@ -91,7 +94,7 @@ def _patched(module, **names):
 
 
 def dry_record_train_step(plan, optimizer):
-    """``(kernel names, classes)`` of ``plan``'s training step, recorded by ``CudaExecutor``'s own code
+    """``(kernel names, classes, [(kind, name)] of every tape entry)`` of ``plan``'s training step, recorded by ``CudaExecutor``'s own code
     (its constructor's views over a host arena, its ``_runner``) with the device-only pieces stood in
     for: no arena on a device, no initial weights written, a launcher that type-checks every launch
     against the kernel table instead of recording it for a device."""
@@ -116,7 +119,7 @@ def dry_record_train_step(plan, optimizer):
     first, last = kinds.index("kernel"), len(kinds) - 1 - kinds[::-1].index("kernel")
     assert set(kinds[:first]) == {"upload", "event"} and set(kinds[last + 1:]) == {"download", "event"}, \
         f"the recorded step's transfers are not all before/after its kernels: {order[:first + 1]} ... {order[last:]}"
-    return runner.tape.names, ex.classes
+    return runner.tape.names, ex.classes, order
 
 
 def _fused_kinds(plan):
@@ -145,7 +148,7 @@ def dry_run_steps(only, used):
         started = time.time()
         plan = plans[name] = compile_step_plan(model)
         plan.verify()
-        names, classes = dry_record_train_step(plan, sgd())
+        names, classes, _ = dry_record_train_step(plan, sgd())
         used.update(names)
         launches[name] = len(names)
         assert classes == model.classes, f"{name}: the plan has {classes} classes, the model says {model.classes}"
