@@ -202,6 +202,7 @@ def _num(value, fmt):
 def paste_line(model, batch, ours_ips, replay, torch_ips, max_err, arena_mib, torch_mib):
     """``gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> |
     arena <MiB> vs torch max_memory_allocated <MiB>`` (issue 11); "n/a" for what was not measured."""
+    replay = replay.split(" (")[0] + (" fallback" if "fell back" in replay else "")   # "graph", "eager [fallback]"
     ratio = ours_ips / torch_ips if isinstance(ours_ips, float) and isinstance(torch_ips, float) and torch_ips else None
     return (f"gpu: {model} {batch} ours {_num(ours_ips, '.0f')} ({replay}) torch-eager-amp {_num(torch_ips, '.0f')} "
             f"ratio {_num(ratio, '.2f')} | max err vs cpu {_num(max_err, '.2e')} | arena {_num(arena_mib, '.1f')} vs "

@@ -134,8 +134,11 @@ def _timing_fields(row):
 
 
 def _timing_summary(row):
+    """The paste line's timing values: ours in graph replay, or in eager replay if graph replay was not measured."""
     model = QUICK_TIMING
     ours, theirs = row.get("ours graph", {}), row.get("torch eager", {})
+    if "seconds" not in ours and "seconds" in row.get("ours eager", {}):
+        ours = dict(row["ours eager"], replay="eager")
     return {"ours_ips": model.batch / ours["seconds"] if "seconds" in ours else None,
             "replay": ours.get("replay", "graph"),
             "torch_ips": model.batch / theirs["seconds"] if "seconds" in theirs else None,

@@ -279,8 +279,9 @@ def format_timing_table(rows, dry=False):
             lines.append(f"{ident}  {what:33s} {result['seconds'] * 1e3:8.2f} {ips:8.0f} {vs_eager:>8s} "
                          f"{vs_compiled:>10s}  {launches:22s} {memory:>14s}")
     lines.append("-" * len(head))
-    lines.append("* train_step(): what a user calls: host fp32->fp16 cast and copy of the batch, one sync per step. "
-                 "The other 'ours' rows replay the recorded step with the batch in its arena slot.")
+    lines.append("* train_step(): what a user calls: host fp32->fp16 cast of the batch into pinned staging, one sync "
+                 "per step. The other 'ours' rows replay the recorded step as it stands: the upload of the staged "
+                 "batch, the kernels, the download of loss and count, no host work and no sync between steps.")
     lines.append("PyTorch: torch.autocast(fp16) + GradScaler + SGD(momentum 0.9, foreach), channels_last model and "
                  "batch on the GPU, cudnn.benchmark on; torch.compile(model) in its default mode, same step around it.")
     lines.append("memory: ours = the whole arena (fp32 master weights, fp16 copies, gradients, momentum, "

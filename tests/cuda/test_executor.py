@@ -375,3 +375,26 @@ def test_a_failed_capture_falls_back_to_eager_and_the_executor_says_so(monkeypat
     want = [eager.train_step(x, y, 0.1) for x, y in data]
     np.testing.assert_allclose(got, want, rtol=ATOMICS_RTOL)
     assert graph.replay_in_use.startswith("eager (fell back: graph capture failed (RuntimeError: capture refused")
+
+
+def test_gpu_checks_breakdown_times_every_entry_of_a_real_step():
+    """benchmarks/gpu_check.py's per-kernel breakdown on a recorded step (the simulator's events carry
+    no times: the entries, their order and the step's result are what is checked here)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks._gpu_protocol import summed_by_kind, timed_replay
+    from numba import cuda
+    ex = CudaExecutor(compile_plan(SMALL, fuse=True, amp=True), seed=0, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1)
+    want = ex.train_step(x, y, 0.1)
+    key = next(iter(ex._staging))
+    staging, tape = ex._staging[key], ex._runners[key].tape
+    turn = staging.begin({"input": x, "labels": y, "lr": 0.1})
+    timed = timed_replay(list(tape), ex.stream, cuda.event)
+    assert [(kind, name) for kind, name, _ in timed] == tape.entries()
+    rows = summed_by_kind(timed)
+    assert sum(count for _, count, _, _ in rows) == len(timed)
+    assert {"(uploads)", "(downloads)", "(events)"} | set(tape.names()) == {name for name, _, _, _ in rows}
+    loss = float(staging.result(turn)["loss"][0])
+    assert np.isfinite(loss) and loss != want, "the timed replay is a real step (its weights moved)"
