@@ -94,10 +94,11 @@ def _patched(module, **names):
 
 
 def dry_record_train_step(plan, optimizer):
-    """``(kernel names, classes, [(kind, name)] of every tape entry)`` of ``plan``'s training step, recorded by ``CudaExecutor``'s own code
-    (its constructor's views over a host arena, its ``_runner``) with the device-only pieces stood in
-    for: no arena on a device, no initial weights written, a launcher that type-checks every launch
-    against the kernel table instead of recording it for a device."""
+    """``(kernel names, classes, [(kind, name)] of every tape entry)`` of ``plan``'s training step,
+    recorded by ``CudaExecutor``'s own code (its constructor's views over a host arena, its
+    ``_runner``) with the device-only pieces stood in for: no arena on a device, no initial weights
+    written, a launcher that type-checks every launch against the kernel table instead of recording
+    it for a device, host arrays and no-op events in place of pinned staging and CUDA events."""
     import cuda_kernels._executor as executor_module
     import cuda_kernels._transfer as transfer_module
 

@@ -29,8 +29,8 @@ VERSION_FIELDS = ["python", "numpy", "numba", "numba-cuda", "cuda-core", "cuda-b
 # issue 11: gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> |
 #           arena <MiB> vs torch max_memory_allocated <MiB>
 NUMBER = r"(?:n/a|[0-9.e+-]+)"
-PASTE_LINE = re.compile(rf"^gpu: resnet18-cifar 256 ours {NUMBER} \((?:graph|eager|eager fallback)\) torch-eager-amp {NUMBER} "
-                        rf"ratio {NUMBER} \| max err vs cpu {NUMBER} \| arena {NUMBER} vs torch "
+PASTE_LINE = re.compile(rf"^gpu: resnet18-cifar 256 ours {NUMBER} \((?:graph|eager|eager fallback)\) "
+                        rf"torch-eager-amp {NUMBER} ratio {NUMBER} \| max err vs cpu {NUMBER} \| arena {NUMBER} vs torch "
                         rf"max_memory_allocated {NUMBER}$")
 
 
