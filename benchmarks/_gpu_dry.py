@@ -38,10 +38,35 @@ def host_arena_class():
 
 
 class _TapeStandIn(DryLauncher):
-    """In ``LaunchTape``'s place: type-checks each launch (host stand-ins allowed) and keeps its name."""
+    """In ``LaunchTape``'s place: type-checks each launch (host stand-ins allowed) and keeps its name,
+    and keeps the step's transfers (uploads, downloads, events) in order with the launches."""
+
+    def __init__(self):
+        super().__init__()
+        self.order = []
+
+    def launch(self, spec, grid, block, *args):
+        super().launch(spec, grid, block, *args)
+        self.order.append(("kernel", spec.name))
+
+    def add(self, entry):
+        self.order.append((entry.kind, entry.name))
 
     def __len__(self):
         return len(self.names)
+
+
+class _EventStandIn:
+    """In a CUDA event's place (the dry run has no device)."""
+
+    def record(self, stream):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return 0.0
 
 
 class _RunnerStandIn:
@@ -69,11 +94,13 @@ def _patched(module, **names):
 
 
 def dry_record_train_step(plan, optimizer):
-    """``(kernel names, classes)`` of ``plan``'s training step, recorded by ``CudaExecutor``'s own code
-    (its constructor's views over a host arena, its ``_runner``) with the device-only pieces stood in
-    for: no arena on a device, no initial weights written, a launcher that type-checks every launch
-    against the kernel table instead of recording it for a device."""
+    """``(kernel names, classes, [(kind, name)] of every tape entry)`` of ``plan``'s training step,
+    recorded by ``CudaExecutor``'s own code (its constructor's views over a host arena, its
+    ``_runner``) with the device-only pieces stood in for: no arena on a device, no initial weights
+    written, a launcher that type-checks every launch against the kernel table instead of recording
+    it for a device, host arrays and no-op events in place of pinned staging and CUDA events."""
     import cuda_kernels._executor as executor_module
+    import cuda_kernels._transfer as transfer_module
 
     class DryExecutor(executor_module.CudaExecutor):
         def _upload_scalar(self, name, value):
@@ -84,10 +111,16 @@ def dry_record_train_step(plan, optimizer):
 
     with _patched(executor_module, cuda_unavailable_reason=lambda: "", DeviceArena=host_arena_class(),
                   new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=_TapeStandIn,
-                  StepRunner=_RunnerStandIn):
+                  StepRunner=_RunnerStandIn), \
+            _patched(transfer_module, pinned_empty=np.empty, new_event=_EventStandIn):
         ex = DryExecutor(plan, optimizer=optimizer, seed=0, replay="eager")
         runner = ex._runner(ex._variant_for(plan.variants["train"].input_shape, "train"), "train")
-    return runner.tape.names, ex.classes
+    order = runner.tape.order
+    kinds = [kind for kind, _ in order]
+    first, last = kinds.index("kernel"), len(kinds) - 1 - kinds[::-1].index("kernel")
+    assert set(kinds[:first]) == {"upload", "event"} and set(kinds[last + 1:]) == {"download", "event"}, \
+        f"the recorded step's transfers are not all before/after its kernels: {order[:first + 1]} ... {order[last:]}"
+    return runner.tape.names, ex.classes, order
 
 
 def _fused_kinds(plan):
@@ -116,7 +149,7 @@ def dry_run_steps(only, used):
         started = time.time()
         plan = plans[name] = compile_step_plan(model)
         plan.verify()
-        names, classes = dry_record_train_step(plan, sgd())
+        names, classes, _ = dry_record_train_step(plan, sgd())
         used.update(names)
         launches[name] = len(names)
         assert classes == model.classes, f"{name}: the plan has {classes} classes, the model says {model.classes}"

@@ -127,4 +127,6 @@ def graph_check(stream):
                 failures.append(f"graph replay {i}: {label} differs from eager")
     if graphed["step"].copy_to_host()[0] != 3:
         failures.append("graph replay did not advance the device step counter")
+    if runner.graph is None:
+        failures.append(f"graph-vs-eager: no graph was captured; replay in use: {runner.mode} ({runner.reason})")
     return measure_tape(tape_e, stream) * 1e6, measure_runner(runner, stream) * 1e6, len(tape_g), failures

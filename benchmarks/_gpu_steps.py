@@ -145,8 +145,8 @@ def _step_replay_one(model, CudaExecutor, failures):
     noise_state, _, _ = worst(relative_errors(states["eager again"], states["eager"]))
     identical = losses["graph"] == losses["eager"] and all(np.array_equal(states["graph"][k], states["eager"][k])
                                                            for k in states["eager"])
-    print(f"    graph captured: {'yes' if captured else 'NO'} (runner.mode {runner.mode!r}"
-          f"{', reason: ' + runner.reason if runner.reason else ''}); launches per step: "
+    print(f"    graph captured: {'yes' if captured else 'NO'}; replay in use: {executors['graph'].replay_in_use}; "
+          f"launches per step: "
           f"graph {'1 graph launch' if captured else 'NOT one'} ({len(runner.tape)} kernels inside), "
           f"eager {len(eager_runner.tape)} kernel launches")
     print(f"    losses  graph: {' '.join(f'{v:.6f}' for v in losses['graph'])}")
@@ -171,7 +171,8 @@ def _step_replay_one(model, CudaExecutor, failures):
     if not ok_skips:
         failures.append(f"step-replay {model.name}: skipped steps differ: graph {skipped['graph']}, "
                         f"eager {skipped['eager']}")
-    return dict(model=model.name, captured=captured, launches_eager=len(eager_runner.tape), identical=identical,
+    return dict(model=model.name, captured=captured, replay=executors["graph"].replay_in_use,
+                launches_eager=len(eager_runner.tape), identical=identical,
                 loss_diff=loss_diff, state_diff=state_diff, noise_loss_diff=noise_diff, noise_state_diff=noise_state,
                 losses_graph=losses["graph"], losses_eager=losses["eager"], skipped=skipped,
                 ok=captured and ok_loss and ok_state and ok_skips)

@@ -56,11 +56,10 @@ def measure_ours(model, plan, x, y, mode):
     first_s = time.perf_counter() - t
     runner = train_runner(ex)
     if mode == "graph" and runner.graph is None:
-        raise RuntimeError(f"graph replay was asked for but no graph was captured after the first step "
-                           f"(runner.mode {runner.mode!r}, {runner.reason or 'no reason given'})")
+        print(f"    ours graph: NO GRAPH, replay in use: {ex.replay_in_use}")
     seconds, steps = measure_steps(lambda: runner.run(ex.stream), lambda: synchronize(ex.stream))
     result = dict(seconds=seconds, steps=steps, launches=len(runner.tape), graph=runner.graph is not None,
-                  first_step_s=first_s)
+                  first_step_s=first_s, replay=ex.replay_in_use)
     api = None
     if mode == "graph":
         api_s, api_steps = measure_steps(lambda: ex.train_step(x, y, TIMING_LR), lambda: synchronize(ex.stream),
@@ -147,9 +146,9 @@ def measure_torch_released(model, compiled):
         release_device_memory()
 
 
-def step_timing(models, budget, failures, skipped, notes):
+def step_timing(models, budget, failures, skipped, notes, compile_torch=True):
     """The timing table: per model our eager and graph replays and PyTorch eager AMP, then (with
-    the budget left) torch.compile, all in this process on this GPU."""
+    the budget left, unless ``compile_torch`` is False) torch.compile, all in this process on this GPU."""
     rows = {}
     torch_why = ""
     try:
@@ -185,7 +184,10 @@ def step_timing(models, budget, failures, skipped, notes):
                 if api is not None:
                     row["ours train_step"] = api
                 print(f"    ours {mode:5s}: {result['seconds'] * 1e3:8.2f} ms/step ({result['steps']} timed), first "
-                      f"step {result['first_step_s']:.1f} s, loss scale now {result['loss_scale']:g}")
+                      f"step {result['first_step_s']:.1f} s, loss scale now {result['loss_scale']:g}; replay in use: "
+                      f"{result['replay']}")
+                if mode == "graph" and not result["graph"]:
+                    failures.append(f"step-timing {model.name}: graph replay asked for, {result['replay']}")
             except Exception as error:
                 row[f"ours {mode}"] = dict(error=f"{type(error).__name__}: {error}")
                 if mode == "graph":
@@ -204,10 +206,17 @@ def step_timing(models, budget, failures, skipped, notes):
                 report_crash(f"step-timing {model.name} torch eager", error, skipped)
                 release_device_memory()
         print(f"    ({time.time() - started:.1f} s)")
-    for model in ordered:      # torch.compile last: it may take minutes, and it only adds a column
-        if model.name not in rows:
-            continue
-        row = rows[model.name]
+    if compile_torch:
+        torch_compile_column(rows, budget, notes, torch_why)
+    print()
+    print(format_timing_table(rows))
+    return rows
+
+
+def torch_compile_column(rows, budget, notes, torch_why=""):
+    """torch.compile's column of ``rows`` (last: it may take minutes, and it only adds a column)."""
+    for row in rows.values():
+        model = row["model"]
         if torch_why:
             row["torch.compile"] = dict(error=torch_why)
             continue
@@ -227,9 +236,6 @@ def step_timing(models, budget, failures, skipped, notes):
             row["torch.compile"] = dict(error=why)
             notes.append(f"torch.compile {model.name}: {why}")
             release_device_memory()
-    print()
-    print(format_timing_table(rows))
-    return rows
 
 
 def _images_per_s(model, result):
@@ -273,8 +279,9 @@ def format_timing_table(rows, dry=False):
             lines.append(f"{ident}  {what:33s} {result['seconds'] * 1e3:8.2f} {ips:8.0f} {vs_eager:>8s} "
                          f"{vs_compiled:>10s}  {launches:22s} {memory:>14s}")
     lines.append("-" * len(head))
-    lines.append("* train_step(): what a user calls: host fp32->fp16 cast and copy of the batch, one sync per step. "
-                 "The other 'ours' rows replay the recorded step with the batch in its arena slot.")
+    lines.append("* train_step(): what a user calls: host fp32->fp16 cast of the batch into pinned staging, one sync "
+                 "per step. The other 'ours' rows replay the recorded step as it stands: the upload of the staged "
+                 "batch, the kernels, the download of loss and count, no host work and no sync between steps.")
     lines.append("PyTorch: torch.autocast(fp16) + GradScaler + SGD(momentum 0.9, foreach), channels_last model and "
                  "batch on the GPU, cudnn.benchmark on; torch.compile(model) in its default mode, same step around it.")
     lines.append("memory: ours = the whole arena (fp32 master weights, fp16 copies, gradients, momentum, "

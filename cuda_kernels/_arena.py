@@ -8,6 +8,7 @@ import numpy as np
 from numba import cuda
 
 from ._elementwise import fill_zero
+from ._graph import synchronize
 from ._tape import Immediate
 
 ALIGNMENT = 256
@@ -42,16 +43,18 @@ class DeviceArena:
         """Set every byte to 0 (a kernel launch; ``launcher`` defaults to the default stream)."""
         fill_zero(launcher or Immediate(), self.buffer.view(np.uint32))
 
-    def upload(self, offset, host, stream=0):
-        """Copy the host array ``host`` into the arena at byte ``offset`` on ``stream``.
+    def upload(self, offset, host, stream):
+        """Copy the host array ``host`` into the arena at byte ``offset``, queued on ``stream``.
 
-        Asynchronous only if ``host`` is pinned (``cuda.pinned_array``); the batch is
-        copied into its fixed I/O slot this way before each replay of a step.
+        Asynchronous only if ``host`` is pinned (``cuda.pinned_array``); a step's per-step inputs
+        go through ``cuda_kernels._transfer``'s pinned staging instead.
         """
         host = np.ascontiguousarray(host)
         self._check_slice(offset, host.nbytes, "upload")
         self.buffer[offset:offset + host.nbytes].copy_to_device(host.reshape(-1).view(np.uint8), stream=stream)
 
-    def download(self, offset, shape, dtype, stream=0):
-        """A host copy of the view at ``offset`` (synchronises ``stream``)."""
-        return self.view(offset, shape, dtype).copy_to_host(stream=stream)
+    def download(self, offset, shape, dtype, stream):
+        """A host copy of the view at ``offset``, after everything queued on ``stream`` (synchronises it)."""
+        host = self.view(offset, shape, dtype).copy_to_host(stream=stream)
+        synchronize(stream)
+        return host

@@ -9,8 +9,11 @@ into their fixed slots before the replay; the step counters, the dynamic loss sc
 (PyTorch ``GradScaler`` semantics: start 2**16, halve and skip the step on inf/nan, double
 after 2,000 clean steps) and the overflow flag are computed on the device.
 
-The host synchronises once per step, after the replay, to read the loss and the number of
-correct predictions (what ``train_step`` returns and the progress bar shows).
+Every transfer is ordered on the executor's one stream (``cuda_kernels._transfer``): a recorded
+step is uploads (pinned, double-buffered staging) -> kernels -> downloads -> an event, and the
+host waits on that event to read the loss and the number of correct predictions.
+``submit_train_step`` returns at once (a ``PendingStep``); ``train_steps`` submits step k+1
+before it reads step k's result, so the host prepares the next batch while the device runs.
 """
 from __future__ import annotations
 
@@ -27,8 +30,12 @@ from ._ops import StepContext, record_op
 from ._optim import INIT_LOSS_SCALE
 from ._registry import SIMULATOR
 from ._tape import Immediate, LaunchTape
+from ._transfer import Staging, record_transfers
 
 REPLAY_MODES = ("auto", "graph", "eager")
+# What each recorded step uploads before and downloads after its kernels (names of plan.io slots).
+STEP_INPUTS = {"train": ("input", "labels", "lr"), "eval": ("input", "labels"), "forward": ("input",)}
+STEP_OUTPUTS = {"train": ("loss", "correct"), "eval": ("loss", "correct", "logits"), "forward": ("logits",)}
 
 
 def cuda_unavailable_reason() -> str:
@@ -83,7 +90,7 @@ class CudaExecutor(ExecutorBase):
         self.replay = ("graph" if graph_support()[0] else "eager") if replay == "auto" else replay
         self.stream = new_stream()
         self.arena = DeviceArena(plan.memory.arena_bytes)
-        self.arena.zero()
+        self.arena.zero(Immediate(self.stream))
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._tracked = {p.tensor for p in plan.params if p.name.endswith("num_batches_tracked")}
         self._bn_forwards = 0   # training forwards since the BN counters were last written
@@ -96,6 +103,7 @@ class CudaExecutor(ExecutorBase):
         self._half = {p.tensor: self._persistent[copies[p.name]] for p in plan.params if p.name in copies}
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
+        self._staging: dict[tuple[str, str], Staging] = {}
         for tid, value in initial_parameters(plan, seed).items():
             self._write(tid, value)
         self._upload_scalar("loss_scale", np.float32(init_loss_scale))
@@ -133,9 +141,20 @@ class CudaExecutor(ExecutorBase):
         return self._views[variant]
 
     # ---- memory accessors ------------------------------------------------------------------------------
+    def _download(self, view):
+        """A host copy of ``view`` after everything queued on the stream (the host waits here)."""
+        host = view.copy_to_host(stream=self.stream)
+        synchronize(self.stream)
+        return host
+
+    def _upload(self, view, host):
+        """Copy ``host`` into ``view`` on the stream, after everything queued there; returns when done."""
+        view.copy_to_device(np.ascontiguousarray(host.reshape(view.shape).astype(view.dtype)), stream=self.stream)
+        synchronize(self.stream)
+
     def _read(self, tid):
         t = self.plan.tensor(tid)
-        value = self._persistent[tid].copy_to_host().reshape(t.shape).astype(t.dtype)
+        value = self._download(self._persistent[tid]).reshape(t.shape).astype(t.dtype)
         if tid in self._tracked:
             value = value + self._bn_forwards
         return value
@@ -145,8 +164,7 @@ class CudaExecutor(ExecutorBase):
         value = np.asarray(value).astype(t.dtype)
         if tid in self._tracked:
             value = value - self._bn_forwards
-        view = self._persistent[tid]
-        view.copy_to_device(np.ascontiguousarray(value.reshape(view.shape).astype(view.dtype)))
+        self._upload(self._persistent[tid], value)
         if t.region == "params":
             self._half_dirty = True
 
@@ -165,15 +183,13 @@ class CudaExecutor(ExecutorBase):
         return scale
 
     def _scalar(self, name):
-        return self._scalars[name].copy_to_host()[0]
+        return self._download(self._scalars[name])[0]
 
     def _upload_scalar(self, name, value):
-        view = self._scalars[name]
-        view.copy_to_device(np.array([value], dtype=view.dtype))
+        self._upload(self._scalars[name], np.array([value]))
 
     def _refresh_half_weights(self):
-        cast_f32_to_f16(Immediate(), self._regions["params"], self._regions["weights16"])
-        cuda.synchronize()
+        cast_f32_to_f16(Immediate(self.stream), self._regions["params"], self._regions["weights16"])
         self._half_dirty = False
 
     # ---- steps -----------------------------------------------------------------------------------------
@@ -184,26 +200,33 @@ class CudaExecutor(ExecutorBase):
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
                               self.loss.smoothing, self.optimizer)
+            staging = Staging({name: views[self.plan.io[name]] for name in STEP_INPUTS[purpose]},
+                              {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
+
+            def kernels(tape):
+                for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
+                    if purpose != "forward" or op.direction == "forward":
+                        record_op(tape, ctx, op)
             tape = LaunchTape()
-            for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
-                if purpose != "forward" or op.direction == "forward":
-                    record_op(tape, ctx, op)
+            record_transfers(tape, staging, kernels)
             self._runners[key] = StepRunner(tape, self.replay)
+            self._staging[key] = staging
         return self._runners[key]
 
-    def _load_batch(self, variant, x, y):
-        views = self._variant_views(variant)
-        io = self.plan.io
-        views[io["input"]].copy_to_device(np.ascontiguousarray(x, dtype=np.float16))
-        if y is not None:
-            views[io["labels"]].copy_to_device(np.ascontiguousarray(y, dtype=np.int32))
-        return views
-
-    def _run(self, variant, purpose):
+    def _submit(self, variant, purpose, **inputs):
+        """Stage ``inputs`` (host values by slot name), queue the step on the stream; returns at once."""
         if self._half_dirty:
             self._refresh_half_weights()
-        self._runner(variant, purpose).run(self.stream)
-        synchronize(self.stream)
+        runner, staging = self._runner(variant, purpose), self._staging[(variant, purpose)]
+        turn = staging.begin(inputs)
+        runner.run(self.stream)
+        return PendingStep(staging, turn)
+
+    @property
+    def replay_in_use(self) -> str:
+        """How the recorded steps replay: "graph", "eager", or "eager (fell back: <why>)" after a failed capture."""
+        reasons = [runner.reason for runner in self._runners.values() if runner.fell_back]
+        return f"eager (fell back: {reasons[0]})" if reasons else self.replay
 
     def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
         """Logits (fp32 copy of the fp16 values). ``train=True`` runs the training forward
@@ -211,37 +234,50 @@ class CudaExecutor(ExecutorBase):
         self._check_batch(x)
         graph = "train" if train and "train" in self.plan.graphs else "eval"
         variant = self._variant_for(x.shape, graph)
-        views = self._load_batch(variant, x, None)
-        self._run(variant, "forward")
+        out = self._submit(variant, "forward", input=x).outputs()
         if graph == "train":
             self._bn_forwards += 1
-        return views[self.plan.io["logits"]].copy_to_host().astype(np.float32)
+        return out["logits"].astype(np.float32)
 
     def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
         """(mean loss, number correct, logits) in eval mode."""
         y = self._check_batch(x, y)
         variant = self._variant_for(x.shape, "eval")
-        views = self._load_batch(variant, x, y)
-        self._run(variant, "eval")
-        io = self.plan.io
-        return (float(views[io["loss"]].copy_to_host()[0]), int(views[io["correct"]].copy_to_host()[0]),
-                views[io["logits"]].copy_to_host().astype(np.float32))
+        out = self._submit(variant, "eval", input=x, labels=y).outputs()
+        return float(out["loss"][0]), int(out["correct"][0]), out["logits"].astype(np.float32)
 
     def train_step(self, x: np.ndarray, y, lr: float) -> float:
         """One step: forward, loss, backward, overflow check, update (skipped on overflow), loss
         scale, fp16 weight copies. Returns the loss (the host's one synchronisation per step)."""
+        loss, self.last_correct = self.submit_train_step(x, y, lr).result()
+        return loss
+
+    def submit_train_step(self, x: np.ndarray, y, lr: float) -> PendingStep:
+        """Queue one training step and return at once; ``.result()`` waits for ``(loss, correct)``.
+        Read it before submitting two more steps (its staging buffers are reused then)."""
         if not self.plan.training:
             raise ValueError("this plan was compiled with training=False; compile a train variant to train")
         y = self._check_batch(x, y)
         lr = self._check_lr(lr)
         variant = self._variant_for(x.shape, "train")
-        self._load_batch(variant, x, y)
-        self._upload_scalar("lr", np.float32(lr))
-        self._run(variant, "train")
+        pending = self._submit(variant, "train", input=x, labels=y, lr=lr)
         self.step_count += 1
         self._bn_forwards += 1
-        self.last_correct = int(self._scalar("correct"))
-        return float(self._scalar("loss"))
+        return pending
+
+    def train_steps(self, steps):
+        """``(loss, correct)`` of each ``(x, y, lr)`` of ``steps``, in order, with step k+1 submitted
+        before step k's result is read (the host stages the next batch while the device runs)."""
+        pending = None
+        for x, y, lr in steps:
+            submitted = self.submit_train_step(x, y, lr)
+            if pending is not None:
+                loss, self.last_correct = pending.result()
+                yield loss, self.last_correct
+            pending = submitted
+        if pending is not None:
+            loss, self.last_correct = pending.result()
+            yield loss, self.last_correct
 
     @property
     def loss_scale(self) -> float:
@@ -256,7 +292,7 @@ class CudaExecutor(ExecutorBase):
         """The base state plus the dynamic loss scale and the device's step counters (exact resume)."""
         state = super().optimizer_state()
         for name in ("loss_scale", "good_steps", "step", "iteration"):
-            state["amp." + name] = self._scalars[name].copy_to_host().copy()
+            state["amp." + name] = self._download(self._scalars[name]).copy()
         return state
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -268,4 +304,19 @@ class CudaExecutor(ExecutorBase):
                 self._upload_scalar(name, np.asarray(state["amp." + name]).reshape(-1)[0])
 
 
-__all__ = ["CudaExecutor", "InputError", "cuda_unavailable_reason"]
+class PendingStep:
+    """A submitted step: ``outputs()`` waits on its "done" event and returns host copies of its outputs."""
+
+    def __init__(self, staging, turn):
+        self._staging, self.turn = staging, turn
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return {name: value.copy() for name, value in self._staging.result(self.turn).items()}
+
+    def result(self) -> tuple[float, int]:
+        """``(loss, number correct)`` of a training or eval step."""
+        out = self.outputs()
+        return float(out["loss"][0]), int(out["correct"][0])
+
+
+__all__ = ["CudaExecutor", "InputError", "PendingStep", "cuda_unavailable_reason"]

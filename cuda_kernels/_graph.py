@@ -7,7 +7,8 @@
   with a cuda.core ``GraphBuilder``; every later ``run`` is one ``graph.launch(stream)``.
 The CUDA simulator has no graph API: there ``"graph"`` raises ``GraphUnavailable``
 unless ``allow_eager_fallback=True``, which replays eagerly and says so
-(``runner.fell_back``, ``runner.reason``).
+(``runner.fell_back``, ``runner.reason``). A capture that fails on a GPU ends the capture
+(try/finally), warns once and falls back to eager replay the same way.
 
 Streams: use ``new_stream()`` (a non-blocking cuda.core stream on a GPU; numba's default
 stream cannot be used while capturing).
@@ -73,31 +74,74 @@ def synchronize(stream):
     stream.sync() if hasattr(stream, "sync") else stream.synchronize()
 
 
-def capture_graph(tape):
-    """Capture every launch of ``tape`` into one executable CUDA graph (kernels loaded already)."""
+def new_graph_builder():
+    """A cuda.core ``GraphBuilder`` on the current device (tests replace this to make capture fail)."""
     from cuda.core import Device
     device = Device()
     device.set_current()
-    builder = device.create_graph_builder()
+    return device.create_graph_builder()
+
+
+def capture_graph(kernels):
+    """Capture the launches ``kernels`` into one executable CUDA graph (kernels loaded already).
+
+    The capture always ends: on any error while capturing, ``end_building`` is called before the
+    error propagates, so the stream never stays in capture mode."""
+    builder = new_graph_builder()
     builder.begin_building()
-    with cuda.defer_cleanup():
-        for entry in tape:
-            entry.run(builder)
-    return builder.end_building().complete()
+    ended = False
+    try:
+        with cuda.defer_cleanup():
+            for entry in kernels:
+                entry.run(builder)
+        graph = builder.end_building()
+        ended = True
+        return graph.complete()
+    finally:
+        if not ended:
+            try:
+                builder.end_building()
+            except Exception:   # the capture's own error is the one worth raising
+                pass
+
+
+class GraphCaptureWarning(RuntimeWarning):
+    """Graph capture failed; the step is replayed eagerly (correct, slower)."""
 
 
 class StepRunner:
+    """Runs one recorded step on a stream: ``mode`` "eager" or "graph" (see the module header).
+
+    The tape's transfers (uploads before the first kernel, downloads and events after the last)
+    always run eagerly on the stream; graph mode captures the kernels between them. If the
+    capture fails, the runner warns once (``GraphCaptureWarning``), replays eagerly from then
+    on and says why: ``mode`` becomes "eager", ``fell_back`` True, ``reason`` the error."""
+
     def __init__(self, tape, mode="graph", allow_eager_fallback=False):
         plan = plan_replay(mode, allow_eager_fallback, graph_support())
         self.tape, self.mode, self.fell_back, self.reason = tape, plan.mode, plan.fell_back, plan.reason
+        self.before, self.kernels, self.after = tape.segments()
         self.graph = None
 
     def run(self, stream):
         """One step on ``stream``; asynchronous except for the capture after the first graph-mode run."""
-        if self.graph is not None:
-            self.graph.launch(stream)
+        if self.graph is None:
+            self.tape.replay(stream)
+            if self.mode == "graph":
+                synchronize(stream)
+                self._capture()
             return
-        self.tape.replay(stream)
-        if self.mode == "graph":
-            synchronize(stream)
-            self.graph = capture_graph(self.tape)
+        for entry in self.before:
+            entry.run(stream)
+        self.graph.launch(stream)
+        for entry in self.after:
+            entry.run(stream)
+
+    def _capture(self):
+        import warnings
+        try:
+            self.graph = capture_graph(self.kernels)
+        except Exception as error:
+            self.mode, self.fell_back = "eager", True
+            self.reason = f"graph capture failed ({type(error).__name__}: {error}); replaying the tape eagerly"
+            warnings.warn(f"StepRunner: {self.reason}", GraphCaptureWarning, stacklevel=3)

@@ -8,6 +8,11 @@ they call ``launcher.launch(spec, grid, block, *args)``. Two launchers exist:
   one CUDA graph (``cuda_kernels._graph``). Everything a kernel reads per step must
   therefore live in device memory: the recorded arguments are frozen.
 - ``Immediate`` checks the arguments the same way and launches at once (tests, debugging).
+
+A tape may also hold the step's host <-> device transfers and events (``cuda_kernels._transfer``:
+entries with ``kind`` "upload", "download" or "event"), before its first and after its last
+kernel. ``segments()`` splits it there: graph replay captures the kernels only and issues the
+transfers around the graph launch, on the same stream.
 """
 from dataclasses import dataclass
 
@@ -20,38 +25,73 @@ class Launch:
     grid: tuple
     block: tuple
     args: tuple
+    kind = "kernel"
+
+    @property
+    def name(self):
+        return self.spec.name
 
     def run(self, stream):
         self.spec.kernel[self.grid, self.block, stream](*self.args)
 
 
 class LaunchTape:
-    """An ordered list of kernel launches with device-array arguments only."""
+    """An ordered list of kernel launches with device-array arguments only (and, around them,
+    the step's transfers)."""
 
     def __init__(self):
-        self._launches = []
+        self._entries = []
 
     def launch(self, spec, grid, block, *args):
         check_args(spec, args)
-        self._launches.append(Launch(spec, grid, block, args))
+        self._entries.append(Launch(spec, grid, block, args))
+
+    def add(self, entry):
+        """Append a transfer or event entry (anything with ``kind``, ``name`` and ``run(stream)``)."""
+        if entry.kind == "kernel":
+            raise TypeError("LaunchTape.add: kernels are recorded with launch(), which checks their arguments")
+        self._entries.append(entry)
 
     def replay(self, stream=0):
-        """Run every recorded launch, in order, on ``stream`` (no host synchronisation)."""
-        for entry in self._launches:
+        """Run every entry, in order, on ``stream`` (no host synchronisation)."""
+        for entry in self._entries:
             entry.run(stream)
+
+    def segments(self):
+        """``(before, kernels, after)``: the transfers before the first kernel, the kernels, the transfers
+        after the last one. A transfer between two kernels is refused (graph capture takes kernels only)."""
+        where = [i for i, e in enumerate(self._entries) if e.kind == "kernel"]
+        if not where:
+            return list(self._entries), [], []
+        first, last = where[0], where[-1]
+        body = self._entries[first:last + 1]
+        stray = [e.name for e in body if e.kind != "kernel"]
+        if stray:
+            raise ValueError(f"LaunchTape: transfers {stray} sit between kernels; record uploads before the first "
+                             f"kernel and downloads after the last one")
+        return self._entries[:first], body, self._entries[last + 1:]
+
+    def kernels(self):
+        return [e for e in self._entries if e.kind == "kernel"]
 
     def kernel_specs(self):
         """The distinct kernels of the tape, in first-use order."""
-        return list({id(e.spec): e.spec for e in self._launches}.values())
+        return list({id(e.spec): e.spec for e in self.kernels()}.values())
 
     def names(self):
-        return [e.spec.name for e in self._launches]
+        """The kernel names, in launch order."""
+        return [e.spec.name for e in self.kernels()]
+
+    def entries(self):
+        """``(kind, name)`` of every entry, in stream order."""
+        return [(e.kind, e.name) for e in self._entries]
 
     def __len__(self):
-        return len(self._launches)
+        """The number of kernel launches."""
+        return len(self.kernels())
 
     def __iter__(self):
-        return iter(self._launches)
+        return iter(self._entries)
 
 
 class Immediate:
@@ -63,3 +103,12 @@ class Immediate:
     def launch(self, spec, grid, block, *args):
         check_args(spec, args)
         Launch(spec, grid, block, args).run(self.stream)
+
+
+def device_span(array):
+    """``(first byte address, end)`` of a device array (simulator arrays: of the host array they wrap)."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        interface = array.__array_interface__
+    start = interface["data"][0]
+    return start, start + array.nbytes

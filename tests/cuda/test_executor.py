@@ -296,3 +296,127 @@ def test_the_task_trains_on_the_cuda_path_end_to_end(tmp_path):
     assert all(np.isfinite(r.train_loss) and r.val_accuracy is not None for r in history)
     assert history[1].train_loss < history[0].train_loss
     assert (tmp_path / "ckpt.safetensors").exists()
+
+
+# ---- transfers on the step's stream, pipelined steps, capture fallback (issue 11, items 2-3) -----------------
+def _touches(entry, span):
+    from cuda_kernels._tape import device_span
+    return any(hasattr(a, "shape") and not isinstance(a, np.ndarray) and
+               device_span(a)[0] < span[1] and span[0] < device_span(a)[1] for a in entry.args)
+
+
+@pytest.mark.parametrize("purpose", ["train", "eval", "forward"])
+def test_a_recorded_step_orders_every_transfer_on_the_stream(purpose):
+    """On the tape (the stream's order): each upload before the first kernel touching its slot, the
+    "uploaded" event before any kernel, each download after the last kernel touching its slot, and the
+    "done" event (what the host waits on) after every download."""
+    from cuda_kernels._executor import STEP_INPUTS, STEP_OUTPUTS
+    from cuda_kernels._tape import device_span
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    ex = CudaExecutor(plan, seed=0, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1)
+    {"train": lambda: ex.train_step(x, y, 0.1), "eval": lambda: ex.evaluate_batch(x, y),
+     "forward": lambda: ex.forward(x)}[purpose]()
+    variant = next(v for v, p in ex._runners if p == purpose)
+    entries = list(ex._runners[(variant, purpose)].tape)
+    kinds = [e.kind for e in entries]
+    kernels = [i for i, kind in enumerate(kinds) if kind == "kernel"]
+    uploads = {e.name: i for i, e in enumerate(entries) if e.kind == "upload"}
+    downloads = {e.name: i for i, e in enumerate(entries) if e.kind == "download"}
+    assert sorted(uploads) == sorted(STEP_INPUTS[purpose]) and sorted(downloads) == sorted(STEP_OUTPUTS[purpose])
+    for name, at in uploads.items():
+        span = device_span(entries[at].slot.view)
+        readers = [i for i in kernels if _touches(entries[i], span)]
+        assert readers, f"no kernel reads the uploaded slot {name!r}"
+        assert at < readers[0], f"{name!r} is uploaded at {at}, after kernel {readers[0]} read it"
+    for name, at in downloads.items():
+        span = device_span(entries[at].slot.view)
+        writers = [i for i in kernels if _touches(entries[i], span)]
+        assert writers, f"no kernel writes the downloaded slot {name!r}"
+        assert at > writers[-1], f"{name!r} is downloaded at {at}, before kernel {writers[-1]} wrote it"
+    uploaded = kinds.index("event")
+    assert entries[uploaded].name == "uploaded" and max(uploads.values()) < uploaded < kernels[0]
+    assert (kinds[-1], entries[-1].name) == ("event", "done") and max(downloads.values()) < len(entries) - 1
+
+
+def test_the_host_reads_a_result_only_after_waiting_on_its_event():
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    ex = CudaExecutor(plan, seed=0, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1)
+    ex.train_step(x, y, 0.1)                     # records the step
+    staging = next(iter(ex._staging.values()))
+    staging.trace = []
+    ex.train_step(x, y, 0.1)
+    assert staging.trace == [("host_wait", "uploaded"), ("upload", "input"), ("upload", "labels"), ("upload", "lr"),
+                             ("event", "uploaded"), ("download", "loss"), ("download", "correct"),
+                             ("event", "done"), ("host_wait", "done"), ("host_read", "loss,correct")]
+
+
+def test_pipelined_steps_equal_one_step_at_a_time():
+    """``train_steps`` submits step k+1 before reading step k (double-buffered staging): same losses,
+    counts and weights as ``train_step`` one at a time, lr changing every step."""
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    one, piped = (CudaExecutor(plan, optimizer=SGD().momentum(0.9), seed=5, init_loss_scale=CHECK_SCALE)
+                  for _ in range(2))
+    data = [(x, y, 0.05 * (i + 1)) for i, (x, y) in enumerate(batches(4, seed=21))]
+    want = [(one.train_step(x, y, lr), one.last_correct) for x, y, lr in data]
+    got = list(piped.train_steps(iter(data)))
+    np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=ATOMICS_RTOL)
+    assert [g[1] for g in got] == [w[1] for w in want] and piped.step_count == one.step_count == 4
+    assert len({loss for loss, _ in got}) == 4, "every step must see its own batch and weights"
+    state_a, state_b = one.state_dict(), piped.state_dict()
+    for name in state_a:
+        np.testing.assert_allclose(state_b[name], state_a[name], rtol=ATOMICS_RTOL, atol=1e-7, err_msg=name)
+
+
+def test_a_result_read_after_its_buffers_were_reused_is_refused():
+    ex = CudaExecutor(compile_plan(SMALL, fuse=True, amp=True), seed=0, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1)
+    pending = [ex.submit_train_step(x, y, 0.1) for _ in range(3)]
+    assert np.isfinite(pending[2].result()[0]) and np.isfinite(pending[1].result()[0])
+    with pytest.raises(RuntimeError, match="overwritten by step 2"):
+        pending[0].result()
+
+
+def test_a_failed_capture_falls_back_to_eager_and_the_executor_says_so(monkeypatch):
+    """Capture raising (monkeypatched: the simulator has no graphs): one warning, the same results as
+    eager replay, and ``replay_in_use`` names the fallback (gpu_check prints it)."""
+    from cuda_kernels import _graph
+
+    def refuse(kernels):
+        raise RuntimeError("capture refused (test)")
+    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(_graph, "capture_graph", refuse)
+    plan = compile_plan(SMALL, fuse=True, amp=True)
+    graph, eager = (CudaExecutor(plan, seed=2, replay=mode, init_loss_scale=CHECK_SCALE) for mode in ("graph", "eager"))
+    assert graph.replay_in_use == "graph" and eager.replay_in_use == "eager"
+    data = batches(3, seed=3)
+    with pytest.warns(_graph.GraphCaptureWarning) as caught:
+        got = [graph.train_step(x, y, 0.1) for x, y in data]
+    assert len([w for w in caught if issubclass(w.category, _graph.GraphCaptureWarning)]) == 1
+    want = [eager.train_step(x, y, 0.1) for x, y in data]
+    np.testing.assert_allclose(got, want, rtol=ATOMICS_RTOL)
+    assert graph.replay_in_use.startswith("eager (fell back: graph capture failed (RuntimeError: capture refused")
+
+
+def test_gpu_checks_breakdown_times_every_entry_of_a_real_step():
+    """benchmarks/gpu_check.py's per-kernel breakdown on a recorded step (the simulator's events carry
+    no times: the entries, their order and the step's result are what is checked here)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks._gpu_protocol import summed_by_kind, timed_replay
+    from numba import cuda
+    ex = CudaExecutor(compile_plan(SMALL, fuse=True, amp=True), seed=0, init_loss_scale=CHECK_SCALE)
+    (x, y), = batches(1)
+    want = ex.train_step(x, y, 0.1)
+    key = next(iter(ex._staging))
+    staging, tape = ex._staging[key], ex._runners[key].tape
+    turn = staging.begin({"input": x, "labels": y, "lr": 0.1})
+    timed = timed_replay(list(tape), ex.stream, cuda.event)
+    assert [(kind, name) for kind, name, _ in timed] == tape.entries()
+    rows = summed_by_kind(timed)
+    assert sum(count for _, count, _, _ in rows) == len(timed)
+    assert {"(uploads)", "(downloads)", "(events)"} | set(tape.names()) == {name for name, _, _, _ in rows}
+    loss = float(staging.result(turn)["loss"][0])
+    assert np.isfinite(loss) and loss != want, "the timed replay is a real step (its weights moved)"

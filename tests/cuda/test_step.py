@@ -80,7 +80,7 @@ def make_arena(layout, rng):
             "lr": [0.1], "loss_scale": [2.0 ** 16]}
     for name, value in init.items():
         offset, shape, dtype = layout.slots[name]
-        arena.upload(offset, np.asarray(value, dtype).reshape(shape))
+        arena.upload(offset, np.asarray(value, dtype).reshape(shape), stream=0)   # the default stream, like the launches here
     views = {name: arena.view(*slot) for name, slot in layout.slots.items()}
     _elementwise.cast_f32_to_f16(Immediate(), views["params"], views["params16"])
     cuda.synchronize()
@@ -162,7 +162,7 @@ def test_overflow_in_the_batch_skips_the_whole_update():
     before = snapshot(v)
     x = v["x"].copy_to_host()
     x[1, 2, 2, 0] = np.inf
-    arena.upload(layout.slots["x"][0], x)
+    arena.upload(layout.slots["x"][0], x, stream=0)
     tape.replay()
     cuda.synchronize()
     after = snapshot(v)

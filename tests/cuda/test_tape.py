@@ -1,30 +1,33 @@
-"""The arena, the launch tape's argument checks and the replay-mode decision."""
+"""The arena, the launch tape's argument checks, the replay-mode decision, and graph capture's failure path."""
+import warnings
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from numba import cuda
 
-from cuda_kernels import _elementwise
+from cuda_kernels import _elementwise, _graph
 from cuda_kernels._arena import ALIGNMENT, DeviceArena
-from cuda_kernels._graph import GraphUnavailable, StepRunner, graph_support, new_stream, plan_replay, synchronize
+from cuda_kernels._graph import (GraphCaptureWarning, GraphUnavailable, StepRunner, graph_support, new_stream,
+                                 plan_replay, synchronize)
 from cuda_kernels._registry import SIMULATOR
-from cuda_kernels._tape import Immediate, LaunchTape
+from cuda_kernels._tape import Immediate, Launch, LaunchTape
 
 
 def test_arena_views_alias_one_buffer():
     arena = DeviceArena(1000)
     assert arena.nbytes == 1024
-    arena.zero()
-    cuda.synchronize()   # zero() ran on the default stream, which a non-blocking stream does not wait for
+    stream = new_stream()
+    arena.zero(Immediate(stream))          # every operation on one stream: ordered without a device sync
     a = arena.view(256, (2, 3), np.float16)
     b = arena.view(256, 6, np.float16)
-    stream = new_stream()
     arena.upload(256, np.arange(6, dtype=np.float16).reshape(2, 3), stream)
     synchronize(stream)
-    np.testing.assert_array_equal(b.copy_to_host(), np.arange(6, dtype=np.float16))
-    np.testing.assert_array_equal(a.copy_to_host(), np.arange(6, dtype=np.float16).reshape(2, 3))
-    np.testing.assert_array_equal(arena.download(0, 256, np.uint8), 0)   # nothing outside the slot moved
-    arena.zero()
-    np.testing.assert_array_equal(arena.download(256, 6, np.float16), 0)
+    np.testing.assert_array_equal(b.copy_to_host(stream=stream), np.arange(6, dtype=np.float16))
+    np.testing.assert_array_equal(a.copy_to_host(stream=stream), np.arange(6, dtype=np.float16).reshape(2, 3))
+    np.testing.assert_array_equal(arena.download(0, 256, np.uint8, stream), 0)   # nothing outside the slot moved
+    arena.zero(Immediate(stream))
+    np.testing.assert_array_equal(arena.download(256, 6, np.float16, stream), 0)
 
 
 def test_arena_rejects_misaligned_and_out_of_range_slices():
@@ -34,7 +37,7 @@ def test_arena_rejects_misaligned_and_out_of_range_slices():
     with pytest.raises(ValueError, match="leave the arena"):
         arena.view(256, 65, np.float32)
     with pytest.raises(ValueError, match="leave the arena"):
-        arena.upload(ALIGNMENT, np.zeros(300, np.uint8))
+        arena.upload(ALIGNMENT, np.zeros(300, np.uint8), 0)
 
 
 def test_tape_rejects_host_arrays_and_wrong_scalar_types():
@@ -99,3 +102,90 @@ def test_simulator_graph_mode_raises_or_falls_back_explicitly():
     runner.run(stream)
     synchronize(stream)
     np.testing.assert_array_equal(x.copy_to_host(), [4, 8])
+
+
+# ---- a failing capture (item 3 of issue 11): monkeypatched so that capture raises in the simulator ----------
+class FakeBuilder:
+    """Stands in for cuda.core's GraphBuilder: records begin/end; ``fail_at`` says where capture raises."""
+
+    def __init__(self, fail_at):
+        self.fail_at, self.calls = fail_at, []
+
+    def begin_building(self):
+        self.calls.append("begin")
+
+    def end_building(self):
+        self.calls.append("end")
+        return SimpleNamespace(complete=self._complete)
+
+    def _complete(self):
+        if self.fail_at == "complete":
+            raise RuntimeError("instantiation refused (test)")
+        raise AssertionError("the test builder never completes a graph")
+
+
+@pytest.mark.parametrize("fail_at", ["second launch", "complete"])
+def test_a_failing_capture_ends_it_warns_once_and_replays_eagerly(monkeypatch, fail_at):
+    builders = []
+
+    def new_builder():
+        builders.append(FakeBuilder(fail_at))
+        return builders[-1]
+
+    launches_into_builder = []
+    run = Launch.run
+
+    def run_or_refuse(self, stream):
+        if isinstance(stream, FakeBuilder):
+            launches_into_builder.append(self.name)
+            if fail_at == "second launch" and len(launches_into_builder) == 2:
+                raise RuntimeError("capture refused (test)")
+            return None     # captured, not run
+        return run(self, stream)
+
+    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(_graph, "new_graph_builder", new_builder)
+    monkeypatch.setattr(Launch, "run", run_or_refuse)
+    x = cuda.to_device(np.array([1, 2], np.float16))
+    tape = LaunchTape()
+    _elementwise.accumulate_into(tape, x, x, True)      # x += x
+    _elementwise.accumulate_into(tape, x, x, True)
+    runner, stream = StepRunner(tape, "graph"), new_stream()
+    assert runner.mode == "graph"
+    with pytest.warns(GraphCaptureWarning, match="refused") as caught:
+        runner.run(stream)                              # the eager warm-up step, then the capture fails
+    assert len([w for w in caught if issubclass(w.category, GraphCaptureWarning)]) == 1
+    assert [b.calls for b in builders] == [["begin", "end"]], "the capture must end exactly once"
+    assert runner.mode == "eager" and runner.fell_back and runner.graph is None
+    assert "graph capture failed" in runner.reason and "refused" in runner.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # no second warning
+        runner.run(stream)
+    synchronize(stream)
+    assert len(builders) == 1, "no second capture attempt"
+    np.testing.assert_array_equal(x.copy_to_host(stream=stream), [16, 32])   # two eager steps of x *= 4
+
+
+def test_graph_replay_issues_the_transfers_around_the_graph_launch(monkeypatch):
+    """Graph mode captures the kernels only; uploads before and downloads after run on the stream."""
+    from cuda_kernels._transfer import Staging, record_transfers
+    x, y = cuda.device_array(2, np.float16), cuda.device_array(2, np.float16)
+    staging = Staging({"x": x}, {"y": y})
+    tape = LaunchTape()
+    record_transfers(tape, staging, lambda t: _elementwise.activation_forward(t, 0, x, y))
+    before, kernels, after = tape.segments()
+    assert [e.kind for e in before] == ["upload", "event"] and [e.kind for e in kernels] == ["kernel"]
+    assert [(e.kind, e.name) for e in after] == [("download", "y"), ("event", "done")]
+    launched = []
+    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(_graph, "capture_graph", lambda body: SimpleNamespace(
+        launch=lambda stream: [entry.run(stream) for entry in body] and launched.append(len(body))))
+    runner, stream = StepRunner(tape, "graph"), new_stream()
+    staging.trace = []
+    for value in ([-1, 2], [3, -4]):
+        turn = staging.begin({"x": np.array(value, np.float32)})
+        runner.run(stream)
+        np.testing.assert_array_equal(staging.result(turn)["y"], np.maximum(value, 0))
+    assert launched == [1], "the second step is one graph launch"
+    assert staging.trace[-7:] == [("host_wait", "uploaded"), ("upload", "x"), ("event", "uploaded"),
+                                  ("download", "y"), ("event", "done"), ("host_wait", "done"), ("host_read", "y")]

@@ -4,8 +4,13 @@ The dry run needs no GPU and no CUDA simulator: it type-checks every kernel laun
 sections against the kernel table, compiles the plans of the whole-step sections (step-check,
 step-replay, step-timing), records each training step as `CudaExecutor` records it, and checks the
 PyTorch twins of the timed models against those plans. It exits non-zero on any mismatch.
+``--dry-run --quick --json OUT`` runs the first-GPU-run protocol's units on the CPU and writes one
+JSON Lines record per unit, the versions record first; a run killed mid-way keeps every finished record.
 """
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +22,37 @@ SECTIONS = ["cross-check rows at batch", "timing rows at batch", "graph-vs-eager
             "step-timing"]
 MODELS = ["resnet20", "resnet50@128", "mobilenet_v2@128-nodrop", "mobilenet_v2@64", "resnet18-cifar", "resnet50",
           "mobilenet_v2", "resnet18-tv32"]
+QUICK_UNITS = ["versions", "compile", "step-check resnet20", "graph-vs-eager resnet20", "step-timing resnet18-cifar",
+               "breakdown resnet18-cifar", "torch.compile resnet18-cifar", "summary"]
+VERSION_FIELDS = ["python", "numpy", "numba", "numba-cuda", "cuda-core", "cuda-bindings", "torch", "torch_cuda",
+                  "driver_cuda", "gpu", "sm_count", "clocks", "planner_build"]
+# issue 11: gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> |
+#           arena <MiB> vs torch max_memory_allocated <MiB>
+NUMBER = r"(?:n/a|[0-9.e+-]+)"
+PASTE_LINE = re.compile(rf"^gpu: resnet18-cifar 256 ours {NUMBER} \((?:graph|eager|eager fallback)\) "
+                        rf"torch-eager-amp {NUMBER} ratio {NUMBER} \| max err vs cpu {NUMBER} \| arena {NUMBER} vs torch "
+                        rf"max_memory_allocated {NUMBER}$")
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}   # the plain CPU setup of CI
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
 
 
 @pytest.fixture(scope="module")
 def dry_run():
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}   # the plain CPU setup of CI
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check") / "quick.jsonl"
+    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json", str(out)],
+                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return run, records
 
 
 def test_dry_run_exits_0(dry_run):
@@ -44,3 +72,54 @@ def test_dry_run_prints_the_timing_table_with_every_measurement(dry_run):
                 "PyTorch eager AMP channels_last", "torch.compile AMP channels_last"]:
         assert row in out, f"timing table row {row!r} missing"
     assert "PyTorch side NOT CHECKED" not in out, "PyTorch (a test dependency) was not importable"
+
+
+def test_quick_dry_run_writes_one_record_per_unit_versions_first(quick):
+    run, records = quick
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    assert [r["unit"] for r in records] == QUICK_UNITS
+    versions = records[0]
+    missing = [k for k in VERSION_FIELDS if not str(versions.get(k, "")).strip()]
+    assert not missing, f"the versions record lacks {missing}: {versions}"
+    assert versions["planner_build"] in ("cython", "pure-python")
+    assert all(r["status"] in ("ok", "dry", "not-run") for r in records), [(r["unit"], r["status"]) for r in records]
+    compiled = records[1]
+    assert compiled["kernels"] == len(compiled["per_kernel_s"]) > 30 and compiled["total_s"] > 0
+    breakdown = records[5]
+    assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 200
+    assert {"(uploads)", "(downloads)", "sgd_step"} <= {r["name"] for r in breakdown["rows"]}
+
+
+def test_quick_dry_run_prints_the_estimate_and_ends_with_the_paste_line(quick):
+    run, records = quick
+    lines = run.stdout.strip().splitlines()
+    assert PASTE_LINE.match(lines[-1]), f"the last line is not the issue's paste line: {lines[-1]!r}"
+    assert records[-1]["paste"] == lines[-1]
+    estimate = [line for line in lines if "total, fits the 240 s budget" in line or "DOES NOT FIT" in line]
+    assert len(estimate) == 1 and "fits the 240 s budget" in estimate[0], estimate
+    assert 0 < records[-1]["estimate_s"] <= 240
+
+
+def test_a_killed_run_keeps_every_finished_record(tmp_path):
+    """Killed (SIGKILL, no clean-up) right after its second record was announced: the file holds at
+    least those records, each a complete JSON line, the versions record first."""
+    out = tmp_path / "killed.jsonl"
+    process = subprocess.Popen([sys.executable, "-u", "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json",
+                                str(out)], cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    seen = []
+    try:
+        for line in process.stdout:
+            seen.append(line)
+            if line.startswith("[record 2: compile"):
+                process.send_signal(signal.SIGKILL)
+                break
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+        process.stdout.close()
+    assert any(line.startswith("[record 2: compile") for line in seen), "".join(seen)[-3000:]
+    complete = out.read_text().split("\n")[:-1]          # every newline-terminated line
+    records = [json.loads(line) for line in complete]
+    assert len(records) >= 2 and [r["unit"] for r in records[:2]] == ["versions", "compile"]
+    assert records[-1]["unit"] != "summary", "the run was to be killed before it finished"

@@ -1,0 +1,61 @@
+"""`benchmarks/gpu_check.py --quick`'s device path, run in the simulator on a tiny stand-in network, so
+that a first GPU run does not discover its bugs: every unit writes its record, graph capture made to
+fail falls back to eager and the records and the paste line say so (issue 11, items 3-4)."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
+              pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore::cuda_kernels._graph.GraphCaptureWarning")]
+
+
+def tiny():
+    from blueprint import BluePrint, cbr, gap_fc, seq
+    return BluePrint(seq(cbr(8, 3, 1, 1), gap_fc(10)), "tiny")
+
+
+def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path, monkeypatch):
+    from benchmarks import _gpu_quick, _gpu_steps, _gpu_timing
+    from benchmarks._gpu_protocol import RecordWriter
+    from benchmarks._gpu_step_common import Budget, StepModel
+    from cuda_kernels import _graph
+
+    def refuse(kernels):
+        raise RuntimeError("capture refused (test)")
+    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(_graph, "capture_graph", refuse)
+    model = StepModel("tiny", tiny, 4, 4, "a stand-in for resnet18-cifar")
+    for name in ("QUICK_CHECK", "QUICK_REPLAY", "QUICK_TIMING"):
+        monkeypatch.setattr(_gpu_quick, name, model)
+    monkeypatch.setattr(_gpu_timing, "TIMED_S", 0.05)
+    monkeypatch.setattr(_gpu_steps, "REPLAY_STEPS", 2)
+    out = RecordWriter(str(tmp_path / "quick.jsonl"))
+    failures, skipped, notes = [], [], []
+    summary = _gpu_quick.run_quick(out, Budget(240), failures, skipped, notes)
+    out.close()
+    records = {r["unit"]: r for r in map(json.loads, (tmp_path / "quick.jsonl").read_text().splitlines())}
+    assert list(records) == ["compile", "step-check tiny", "graph-vs-eager tiny", "step-timing tiny",
+                             "breakdown tiny", "torch.compile tiny"]
+    assert records["step-check tiny"]["status"] == "ok", records["step-check tiny"]
+    assert np.isfinite(summary["max_err"]) and summary["max_err"] < 2e-2
+    replay = records["graph-vs-eager tiny"]
+    assert replay["status"] == "failed" and not replay["captured"]
+    assert replay["replay"].startswith("eager (fell back: graph capture failed")
+    assert any("graph replay asked for, eager (fell back" in f for f in failures), failures
+    timing = records["step-timing tiny"]
+    assert timing["ours graph"]["replay"].startswith("eager (fell back") and not timing["ours graph"]["graph"]
+    assert timing["ours eager"]["seconds"] > 0 and "error" in timing["torch eager"]   # no CUDA torch here
+    breakdown = records["breakdown tiny"]
+    assert breakdown["status"] == "ok" and {"(uploads)", "(downloads)", "sgd_step"} <= \
+        {row["name"] for row in breakdown["rows"]}
+    line = _gpu_quick.summary_line(summary)
+    assert line.startswith("gpu: tiny 4 ours ") and "(eager fallback) torch-eager-amp n/a ratio n/a" in line
+    assert "| max err vs cpu " in line and "arena " in line
