@@ -8,6 +8,7 @@ and provides two accessors over its memory, in the planner's internal layouts:
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -69,6 +70,15 @@ class _Problems:
                              "executor of the same model and optimizer)")
 
 
+class FinishedStep(NamedTuple):
+    """A training step that has already run: the synchronous executors' answer to `submit_train_step`."""
+    loss: float
+    correct: int
+
+    def result(self) -> tuple[float, int]:
+        return self.loss, self.correct
+
+
 class ExecutorBase:
     def __init__(self, plan, loss, optimizer, seed: int):
         from blueprint.optim import SGD, CrossEntropyLoss
@@ -91,6 +101,13 @@ class ExecutorBase:
 
     def _write(self, tid: int, value: np.ndarray) -> None:
         raise NotImplementedError
+
+    # ---- steps -----------------------------------------------------------------------------------------
+    def submit_train_step(self, x: np.ndarray, y, lr: float) -> "FinishedStep":
+        """Start one training step; ``.result()`` gives ``(loss, number correct)``. Here the step runs at
+        once; an executor with a device stream overrides this to return before the device finishes."""
+        loss = self.train_step(x, y, lr)
+        return FinishedStep(loss, self.last_correct)
 
     # ---- batches ---------------------------------------------------------------------------------------
     def _variant_for(self, shape, graph: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
@@ -345,26 +346,9 @@ class DeepLearningTask:
             position = session.position if resumed else Position(epoch, lr=self.base_lr)
             session.position = position
             order = loader.order(epoch)
-            seen_before = position.seen     # samples of this epoch trained before a resume
             bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}", position.batch)
             try:
-                for step in range(position.batch, steps):
-                    interrupt.check()
-                    x, y = loader.batch(epoch, step, order)
-                    lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
-                    interrupt.stepping = True    # weights and position disagree until the position is updated
-                    loss = session.executor.train_step(x, y, lr)
-                    if not math.isfinite(loss):
-                        raise DivergedError(f"training diverged at epoch {epoch + 1}, step {step}: the loss became "
-                                            f"{loss}; lower the learning rate (now {lr:g}) or check the data")
-                    position = position.after_step(len(y), loss, session.executor.last_correct, lr)
-                    session.position = position
-                    interrupt.stepping = False
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
-                                        acc=f"{position.correct / position.seen:.3f}",
-                                        img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
+                position = self._train_steps(session, interrupt, loader, order, position, bar, start)
             finally:
                 if bar is not None:
                     bar.close()
@@ -386,6 +370,52 @@ class DeepLearningTask:
                 fn(record)
             interrupt.check()
         return list(session.history)
+
+    def _train_steps(self, session, interrupt: DeferredInterrupt, loader, order, position: Position, bar,
+                     start: float) -> Position:
+        """The epoch's remaining steps, from `position`. Step k+1 is submitted before step k's result is
+        read, so a device runs step k while the host prepares and stages batch k+1 (a synchronous
+        executor has finished each step by the time it returns). The position counts a step once its
+        result is read; on an interrupt outside an executor call every submitted step is read first,
+        so the position saved with the weights is exact."""
+        epoch, steps, executor = position.epoch, loader.steps_per_epoch, session.executor
+        seen_before = position.seen     # samples of this epoch trained before a resume
+        in_flight = deque()             # (step, lr, batch size, pending result), oldest first
+
+        def finish_oldest(position: Position) -> Position:
+            step, lr, size, pending = in_flight[0]
+            interrupt.stepping = True   # a second Ctrl-C while waiting: position and weights may disagree
+            loss, correct = pending.result()
+            if not math.isfinite(loss):
+                raise DivergedError(f"training diverged at epoch {epoch + 1}, step {step}: the loss became "
+                                    f"{loss}; lower the learning rate (now {lr:g}) or check the data")
+            position = session.position = position.after_step(size, loss, correct, lr)
+            in_flight.popleft()
+            interrupt.stepping = False
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
+                                acc=f"{position.correct / position.seen:.3f}",
+                                img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
+            return position
+
+        try:
+            for step in range(position.batch, steps):
+                interrupt.check()
+                x, y = loader.batch(epoch, step, order)
+                lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
+                interrupt.stepping = True    # the executor is changing the weights
+                in_flight.append((step, lr, len(y), executor.submit_train_step(x, y, lr)))
+                interrupt.stepping = False
+                if len(in_flight) > 1:
+                    position = finish_oldest(position)
+        except KeyboardInterrupt:
+            while in_flight and not interrupt.stepping:    # the submitted steps have run or will: count them
+                position = finish_oldest(position)
+            raise
+        while in_flight:
+            position = finish_oldest(position)
+        return position
 
     def _evaluate_loader(self, session, loader, interrupt: DeferredInterrupt | None = None) -> dict:
         logits, labels = [], []
