@@ -63,3 +63,41 @@ def test_kernel_compiles_for_sm90_without_fp64(name):
     assert ".target sm_90" in ptx
     assert str(return_type) == "none"
     assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
+
+
+# ---- tensor-core intrinsics (cuda_kernels._mma) ------------------------------------------------------------
+from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: E402
+                               ldmatrix_x4_trans, mma_m16n8k16, shared_address)
+from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info  # noqa: E402
+
+_WAIT_ALL = cp_async_wait(0)
+_NO_PTXAS = "ptxas (CUDA toolkit) is not on PATH: the PTX text is checked, its assembly is not"
+
+
+def _mma_probe(a, out):
+    smem = cuda.shared.array(1024, nbt.float32)
+    lane = cuda.threadIdx.x
+    cp_async_16(smem, lane * 16, a, lane * 8, lane < 20)
+    cp_async_commit()
+    _WAIT_ALL()
+    cuda.syncthreads()
+    r0, r1, r2, r3 = ldmatrix_x4(smem, (lane % 16) * 32)
+    t0, t1, t2, t3 = ldmatrix_x4_trans(smem, (lane % 16) * 32)
+    zero = np.float32(0)
+    d0, d1, d2, d3 = mma_m16n8k16(r0, r1, r2, r3, t0, t1, zero, zero, zero, zero)
+    out[lane] = d0 + d1 + d2 + d3 + nbt.float32(shared_address(smem, 0))
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_tensor_core_intrinsics_emit_their_ptx_and_assemble_without_spills(cc):
+    ptx, _ = cuda.compile_ptx(_mma_probe, (H1, nbt.Array(nbt.float32, 1, "C")), cc=cc)
+    counts = instruction_counts(ptx)
+    assert counts == {"mma": 1, "ldmatrix": 1, "ldmatrix_trans": 1, "cp_async": 1}, counts
+    assert "cp.async.commit_group;" in ptx and "cp.async.wait_group 0;" in ptx
+    # shared operands are 32-bit shared-window addresses (%r), the global source a 64-bit pointer (%rd)
+    assert re.search(r"ldmatrix[^\[]*\[%r\d+\]", ptx) and re.search(r"cp\.async\.cg\S* \[%r\d+\], \[%rd\d+\]", ptx)
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    info = ptxas_info(ptx, cc)
+    assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
+    assert 0 < info.registers <= 64 and info.shared_bytes == 4096, info
