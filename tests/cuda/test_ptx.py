@@ -101,3 +101,30 @@ def test_tensor_core_intrinsics_emit_their_ptx_and_assemble_without_spills(cc):
     info = ptxas_info(ptx, cc)
     assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
     assert 0 < info.registers <= 64 and info.shared_bytes == 4096, info
+
+
+# ---- tensor-core kernels: every row of MMA_KERNELS, sm_80 and sm_90 ------------------------------------------
+from cuda_kernels import _mma_kernels  # noqa: E402  (imports every tensor-core kernel module)
+from cuda_kernels._mma_static import STATIC_SHARED_LIMIT  # noqa: E402
+from cuda_kernels._mma_tiles import MMA_KERNELS, TILES  # noqa: E402
+
+REGISTERS_PER_SM = 65536
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)], ids=["sm80", "sm90"])
+@pytest.mark.parametrize("name", sorted(_mma_kernels.all_mma_kernels()))
+def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
+    spec = MMA_KERNELS[name]
+    tile = next(t for t in TILES if name.endswith("_" + t.name))
+    ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+    assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
+    counts = instruction_counts(ptx)
+    assert counts["mma"] == tile.mi * tile.ni * 2, counts   # the main loop's k16 steps, unrolled once
+    assert counts["ldmatrix"] + counts["ldmatrix_trans"] > 0 and counts["cp_async"] > 0, counts
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    info = ptxas_info(ptx, cc)
+    assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
+    assert info.registers <= 255 and info.shared_bytes <= STATIC_SHARED_LIMIT, info
+    blocks = REGISTERS_PER_SM // (info.registers * tile.threads)
+    assert blocks >= tile.design_blocks_per_sm, f"{name}: {info.registers} registers allow {blocks} blocks per SM"

@@ -1,0 +1,196 @@
+"""Tensor-core implicit-GEMM convolution forward (NHWC fp16, weights OHWI, fp32 accumulation).
+
+``y[pixel, n] = sum_k patch(x)[pixel, k] * w[n, k]`` with ``k = (kh, kw, ci)``, ``groups == 1``
+and ``Cin % 8 == 0`` (the planner pads channels to 8): a 16-byte chunk of ``k`` is 8 channels of
+one tap, one ``cp.async`` (zero-filled in the padding). Each thread stages fixed rows of the
+A tile (output pixels) and of the B tile (filters): their pixel origins are computed once
+per block, and the tap / channel of its chunk column advances by ``BK`` per k-tile with
+compares and subtractions (no division in the main loop). ``STAGES``-deep pipeline:
+
+    prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
+    iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
+                  issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
+
+The epilogue stores fp16 and, for the BatchNorm that follows, adds per-channel sums and
+sums of squares of the stored values (the SIMT kernel's fusion), reduced in shared memory
+(the pipeline's, reused) before one atomic per channel and block.
+"""
+import math
+
+from numba import cuda
+
+from . import _conv
+from ._elementwise import fill_zero
+from ._gemm import CONV_GEOMETRY
+from ._mma import cp_async_16, cp_async_commit, cp_async_wait
+from ._mma_tiles import (BK, CHUNK, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
+                         make_warp_step, mma_kernel)
+from ._registry import F1, H1, ZERO, flat, nbt
+
+f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
+_FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid
+
+
+@cuda.jit(device=True)
+def advance_tap(ci, kx, ky, c_in, kw_):
+    """Move a chunk's (channel, kw, kh) on by BK reduction elements (k = (kh, kw, ci))."""
+    ci += BK
+    while ci >= c_in:
+        ci -= c_in
+        kx += 1
+        if kx == kw_:
+            kx = 0
+            ky += 1
+    return ci, kx, ky
+
+
+def make_conv_forward(tile, bn_stats):
+    T, BM, BN = tile.threads, tile.bm, tile.bn
+    ROWS_PER_PASS = T // (BK // CHUNK)
+    A_LOADS, B_LOADS = math.ceil(BM / ROWS_PER_PASS), math.ceil(BN / ROWS_PER_PASS)
+    A_STAGE, B_STAGE = k_contiguous_bytes(BM), k_contiguous_bytes(BN)
+    B_BASE = STAGES * A_STAGE
+    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
+    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
+
+    @cuda.jit(device=True)
+    def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo):
+        gemm_n, gemm_k, h_, w_, c_in = geo[1], geo[2], geo[4], geo[5], geo[6]
+        tid = cuda.threadIdx.x
+        chunk, row0 = tid & 3, tid >> 2
+        tap_offset = (ky * w_ + kx) * c_in + ci
+        for i in range(A_LOADS):
+            r = row0 + i * ROWS_PER_PASS
+            if r < BM:
+                hh, ww = a_h[i] + ky, a_w[i] + kx
+                valid = k < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
+                cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), x,
+                            a_base[i] + tap_offset if valid else i32(0), valid)
+        for i in range(B_LOADS):
+            r = row0 + i * ROWS_PER_PASS
+            if r < BN:
+                valid = b_row[i] < gemm_n and k < gemm_k
+                cp_async_16(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), w,
+                            b_row[i] * gemm_k + k if valid else i32(0), valid)
+
+    @cuda.jit(device=True)
+    def forward(x, w, y, sums, sumsq, geo):
+        smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
+        acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_base = cuda.local.array(A_LOADS, nbt.int32)
+        a_h = cuda.local.array(A_LOADS, nbt.int32)
+        a_w = cuda.local.array(A_LOADS, nbt.int32)
+        b_row = cuda.local.array(B_LOADS, nbt.int32)
+        gemm_m, gemm_n, gemm_k, h_, w_, c_in = geo[0], geo[1], geo[2], geo[4], geo[5], geo[6]
+        oh_, ow_, c_out, kw_, s, p = geo[7], geo[8], geo[9], geo[11], geo[12], geo[13]
+        tid = cuda.threadIdx.x
+        lane, warp = tid & 31, tid >> 5
+        warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
+        for i in range(A_LOADS):   # this thread's output pixels: the only division of the kernel
+            m = m0 + (tid >> 2) + i * ROWS_PER_PASS
+            if m < gemm_m:
+                ow, t = m % ow_, m // ow_
+                oh, b = t % oh_, t // oh_
+                a_h[i], a_w[i] = oh * s - p, ow * s - p
+                a_base[i] = ((b * h_ + a_h[i]) * w_ + a_w[i]) * c_in
+            else:
+                a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
+        for i in range(B_LOADS):
+            b_row[i] = n0 + (tid >> 2) + i * ROWS_PER_PASS
+        for mi in range(MI):
+            for ni in range(NI):
+                for r in range(4):
+                    acc[mi, ni, r] = ZERO
+        k = i32((tid & 3) * CHUNK)
+        ci, kx, ky = k, i32(0), i32(0)
+        while ci >= c_in:
+            ci -= c_in
+            kx += 1
+            if kx == kw_:
+                kx = 0
+                ky += 1
+        tiles = (gemm_k + BK - 1) // BK
+        for stage in range(STAGES - 1):
+            if stage < tiles:
+                issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
+                k += BK
+                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
+            cp_async_commit()
+        for kt in range(tiles):
+            wait_stage()
+            cuda.syncthreads()
+            if kt + STAGES - 1 < tiles:
+                issue(smem, x, w, (kt + STAGES - 1) % STAGES, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
+                k += BK
+                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
+            cp_async_commit()
+            stage = kt % STAGES
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, warp_m, warp_n, acc)
+        wait_all()
+        cuda.syncthreads()
+        if bn_stats:
+            for c in range(tid, 2 * BN, T):
+                smem[c] = ZERO
+            cuda.syncthreads()
+        for ni in range(NI):
+            for j in range(2):
+                col = warp_n * WTN + ni * 8 + (lane & 3) * 2 + j
+                part, part_sq = ZERO, ZERO
+                for mi in range(MI):
+                    for half in range(2):
+                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
+                        if row < gemm_m and n0 + col < gemm_n:
+                            v = f16(acc[mi, ni, 2 * half + j])
+                            y[row * c_out + n0 + col] = v
+                            part += f32(v)
+                            part_sq += f32(v) * f32(v)
+                if bn_stats:
+                    cuda.atomic.add(smem, col, part)
+                    cuda.atomic.add(smem, BN + col, part_sq)
+        if bn_stats:
+            cuda.syncthreads()
+            for c in range(tid, min(BN, gemm_n - n0), T):
+                cuda.atomic.add(sums, n0 + c, smem[c])
+                cuda.atomic.add(sumsq, n0 + c, smem[BN + c])
+
+    if bn_stats:
+        def conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
+            forward(x, w, y, sums, sumsq, geo)
+        return conv2d_forward_bn_stats
+
+    def conv2d_forward(x, w, y, geo):
+        forward(x, w, y, y, y, geo)   # the statistics branches are pruned: bn_stats is a constant
+    return conv2d_forward
+
+
+FORWARD = {(tile, stats): mma_kernel(f"mma_conv2d_forward{'_bn_stats' if stats else ''}_{tile.name}",
+                                 (H1, H1, H1, F1, F1, CONV_GEOMETRY) if stats else (H1, H1, H1, CONV_GEOMETRY))(
+                                     make_conv_forward(tile, stats))
+           for tile in TILES for stats in (False, True)}
+
+
+def mma_supported(x_shape, w_shape, groups):
+    """Whether the tensor-core kernels take this convolution (else the SIMT ones do)."""
+    return groups == 1 and x_shape[-1] % CHUNK == 0 and w_shape[-1] == x_shape[-1]
+
+
+def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=None):
+    """``_conv.conv2d_forward`` on tensor cores where ``mma_supported``, else the SIMT kernel.
+    ``tile``: a block tile of ``TILES`` instead of ``choose_tile``'s (tests run GPU tiles in the simulator)."""
+    if not mma_supported(tuple(x.shape), tuple(w.shape), groups):
+        _conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)
+        return
+    c_out, kh, kw, c_in = w.shape
+    pixels = y.size // c_out
+    geo = _conv.conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw * c_in)
+    tile = tile or choose_tile(pixels, c_out)
+    grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
+    if bn_sums is None:
+        launcher.launch(FORWARD[tile, False], grid, tile.threads, flat(x), flat(w), flat(y), geo)
+        return
+    fill_zero(launcher, bn_sums[0])
+    fill_zero(launcher, bn_sums[1])
+    launcher.launch(FORWARD[tile, True], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)

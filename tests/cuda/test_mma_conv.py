@@ -1,0 +1,100 @@
+"""Tensor-core convolution kernels (``_mma_conv``) against the numpy spec, in the simulator.
+
+Same conventions as test_kernels.py (fp16 inputs, float64 spec on those values, its
+tolerances). Shapes are tiny: the simulator runs ~10k threads/s and every mma / ldmatrix
+twin is two block barriers. The simulator tile is 32x16 (two warps); one row per kernel
+also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it covers.
+"""
+import zlib
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from cpu_ref import reference as ref
+from cuda_kernels import _mma_conv
+from cuda_kernels._mma_tiles import MMA_KERNELS, SIM_TILE, MmaTile
+from cuda_kernels._tape import LaunchTape
+
+TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5)}   # test_kernels.py's
+LAUNCHED = set()
+
+
+def half(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def garbage(shape, dtype):
+    return dev(np.full(shape, np.nan, dtype))
+
+
+def f64(a):
+    return np.asarray(a, np.float64)
+
+
+def run(record):
+    tape = LaunchTape()
+    record(tape)
+    tape.replay()
+    cuda.synchronize()
+    LAUNCHED.update(tape.names())
+
+
+def check(label, got, expected, tol):
+    got, expected = f64(got.copy_to_host()), f64(expected)
+    assert got.shape == expected.shape, f"{label}: shape {got.shape} != {expected.shape}"
+    rtol, atol_frac = TOLERANCES[tol]
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol_frac * float(np.abs(expected).max(initial=0.0)),
+                               err_msg=label)
+
+GPU_TILE_64 = MmaTile(64, 64, 2, 2)
+# (N, H, W, Cin, Cout, k, stride, pad): partial tiles in M (pixels % 32), N (Cout % 16) and K (% 32)
+FORWARD_CASES = {
+    "3x3-c8-partial-mnk": (1, 5, 5, 8, 12, 3, 1, 1),     # M 25, N 12, K 72: three k-tiles, all partial edges
+    "1x1-c8-k-shorter-than-stages": (2, 4, 3, 8, 16, 1, 1, 0),   # K 8: one k-tile, two empty prologue groups
+    "3x3-c16-s2": (1, 7, 7, 16, 20, 3, 2, 1),            # stride 2 with padding, two column tiles
+    "7x7-c24-s2-p3": (1, 6, 6, 24, 8, 7, 2, 3),          # K 1176 = 37 k-tiles; taps cross k-tiles mid-channel
+    "3x3-c8-batch2-nopad": (2, 5, 4, 8, 8, 3, 1, 0),
+}
+
+
+def _forward(rng, config, with_stats, tile=None):
+    n, h, w_, cin, cout, k, s, p = FORWARD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    y_ref = ref.conv2d_forward(f64(x), f64(w), s, p, 1)
+    y = garbage(y_ref.shape, np.float16)
+    sums = (garbage(cout, np.float32), garbage(cout, np.float32)) if with_stats else None
+    run(lambda t: _mma_conv.conv2d_forward(t, dev(x), dev(w), y, s, p, 1, bn_sums=sums, tile=tile))
+    check("y", y, y_ref, "fp16")
+    if with_stats:
+        stored = f64(y.copy_to_host()).reshape(-1, cout)
+        check("sum", sums[0], stored.sum(0), "stats")
+        check("sum of squares", sums[1], (stored ** 2).sum(0), "stats")
+
+
+@pytest.mark.parametrize("config", sorted(FORWARD_CASES))
+@pytest.mark.parametrize("with_stats", [False, True], ids=["plain", "bn-stats"])
+def test_forward_matches_reference(request, config, with_stats):
+    _forward(np.random.default_rng(zlib.crc32(request.node.name.encode())), config, with_stats)
+
+
+def test_forward_on_a_gpu_tile():
+    _forward(np.random.default_rng(3), "3x3-c8-partial-mnk", True, tile=GPU_TILE_64)
+
+
+def test_forward_falls_back_to_simt_where_channels_are_not_multiples_of_8():
+    assert not _mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
+    assert not _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
+    assert _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 8), 1)
+
+
+def test_every_simulator_tile_kernel_is_launched():
+    """Runs last (file order): every kernel of the simulator tile must have been launched by a case above."""
+    sim_kernels = {name for name in MMA_KERNELS if name.endswith(SIM_TILE.name)}
+    if not LAUNCHED:
+        pytest.skip("coverage is only known when the cases above ran")
+    assert sim_kernels <= LAUNCHED, f"never launched: {sorted(sim_kernels - LAUNCHED)}"
