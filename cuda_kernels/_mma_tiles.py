@@ -70,13 +70,14 @@ SIM_TILE = MmaTile(32, 16, 2, 1)
 TILES = GPU_TILES + (SIM_TILE,)
 
 
-def choose_tile(m, n):
-    """The block tile for a GEMM of ``m x n`` outputs: none wider than ``n`` needs (no tile mostly
-    padding along N), the largest that still gives every SM of an H200 a block, else the smallest."""
+def choose_tile(m, n, tiles=None):
+    """The block tile (of ``tiles``, default ``GPU_TILES``) for a GEMM of ``m x n`` outputs: none wider
+    than ``n`` needs (no tile mostly padding along N), the largest that still gives every SM of an
+    H200 a block, else the smallest."""
     if SIMULATOR:
         return SIM_TILE
     cap = max(16, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-    fitting = [t for t in GPU_TILES if t.bn <= cap]
+    fitting = [t for t in (tiles or GPU_TILES) if t.bn <= cap and t in GPU_TILES]
     for tile in fitting:   # GPU_TILES is ordered by area, largest first
         if math.ceil(m / tile.bm) * math.ceil(n / tile.bn) >= H200_SMS:
             return tile

@@ -12,8 +12,8 @@ import pytest
 from numba import cuda
 
 from cpu_ref import reference as ref
-from cuda_kernels import _mma_conv
-from cuda_kernels._mma_tiles import MMA_KERNELS, SIM_TILE, MmaTile
+from cuda_kernels import _mma_conv, _mma_kernels, _mma_wgrad
+from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
 from cuda_kernels._tape import LaunchTape
 
 TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5)}   # test_kernels.py's
@@ -92,9 +92,38 @@ def test_forward_falls_back_to_simt_where_channels_are_not_multiples_of_8():
     assert _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 8), 1)
 
 
+# ---- weight gradient ------------------------------------------------------------------------------------------
+WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
+    "3x3-c8-cout16": (1, 5, 5, 8, 16, 3, 1, 1),          # 25 pixels: one partial k-tile; N = 72 partial
+    "1x1-c16-cout40-s2": (2, 7, 7, 16, 40, 1, 2, 0),     # Cout 40: partial M tile; 32 pixels
+    "3x3-c24-s2-split": (2, 9, 9, 24, 8, 3, 2, 1),       # 50 pixels over 2 splits, partial last k-tile
+    "7x7-c8-s2-p3": (1, 8, 8, 8, 8, 7, 2, 3),
+}
+
+
+def _wgrad(rng, config, tile=None):
+    n, h, w_, cin, cout, k, s, p = WGRAD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    y_shape = ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape
+    dy = half(rng, y_shape)
+    dw = garbage(w.shape, np.float32)
+    run(lambda t: _mma_wgrad.conv2d_backward_weight(t, dev(x), dev(w), dev(dy), dw, s, p, tile=tile))
+    _, dw_ref = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
+    check("dw", dw, dw_ref, "fp32")
+
+
+@pytest.mark.parametrize("config", sorted(WGRAD_CASES))
+def test_wgrad_matches_reference(request, config):
+    _wgrad(np.random.default_rng(zlib.crc32(request.node.name.encode())), config)
+
+
+def test_wgrad_on_a_gpu_tile():
+    _wgrad(np.random.default_rng(4), "3x3-c8-cout16", tile=GPU_TILE_64)
+
+
 def test_every_simulator_tile_kernel_is_launched():
     """Runs last (file order): every kernel of the simulator tile must have been launched by a case above."""
-    sim_kernels = {name for name in MMA_KERNELS if name.endswith(SIM_TILE.name)}
+    sim_kernels = {name for name in _mma_kernels.all_mma_kernels() if name.endswith(SIM_TILE.name)}
     if not LAUNCHED:
         pytest.skip("coverage is only known when the cases above ran")
     assert sim_kernels <= LAUNCHED, f"never launched: {sorted(sim_kernels - LAUNCHED)}"
