@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 from cpu_ref import reference as ref
-from cuda_kernels import _mma_conv, _mma_kernels, _mma_wgrad
+from cuda_kernels import _mma_conv, _mma_dgrad, _mma_kernels, _mma_wgrad
 from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
 from cuda_kernels._tape import LaunchTape
 
@@ -119,6 +119,35 @@ def test_wgrad_matches_reference(request, config):
 
 def test_wgrad_on_a_gpu_tile():
     _wgrad(np.random.default_rng(4), "3x3-c8-cout16", tile=GPU_TILE_64)
+
+
+# ---- input gradient ---------------------------------------------------------------------------------------------
+DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
+    "3x3-s1-p1": (1, 5, 6, 8, 16, 3, 1, 1, False),           # 30 pixels: partial M, K 144
+    "3x3-s2-p1-accumulate": (2, 7, 6, 16, 8, 3, 2, 1, True),  # four phase classes of unequal size
+    "1x1-s2": (1, 5, 5, 24, 8, 1, 2, 0, False),               # three classes no tap reaches: zeros
+    "7x7-s2-p3-c8": (1, 8, 7, 8, 8, 7, 2, 3, False),          # 12-16 taps per class, partial k-tiles
+}
+
+
+def _dgrad(rng, config, tile=None):
+    n, h, w_, cin, cout, k, s, p, accumulate = DGRAD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    dy = half(rng, ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape)
+    dx0 = half(rng, x.shape)
+    dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
+    run(lambda t: _mma_dgrad.conv2d_backward_data(t, dev(w), dev(dy), dx, s, p, accumulate, tile=tile))
+    dx_ref, _ = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+
+
+@pytest.mark.parametrize("config", sorted(DGRAD_CASES))
+def test_dgrad_matches_reference(request, config):
+    _dgrad(np.random.default_rng(zlib.crc32(request.node.name.encode())), config)
+
+
+def test_dgrad_on_a_gpu_tile():
+    _dgrad(np.random.default_rng(5), "3x3-s2-p1-accumulate", tile=GPU_TILE_64)
 
 
 def test_every_simulator_tile_kernel_is_launched():
