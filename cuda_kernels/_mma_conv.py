@@ -11,9 +11,10 @@ compares and subtractions (no division in the main loop). ``STAGES``-deep pipeli
     iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
                   issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
 
-The epilogue stores fp16 and, for the BatchNorm that follows, adds per-channel sums and
-sums of squares of the stored values (the SIMT kernel's fusion), reduced in shared memory
-(the pipeline's, reused) before one atomic per channel and block.
+The epilogue stores fp16 and either adds, for the BatchNorm that follows, per-channel sums
+and sums of squares of the stored values (the SIMT kernel's fusion), reduced in shared
+memory (the pipeline's, reused) before one atomic per channel and block; or adds an fp32
+bias (the fully connected layer: a 1x1 convolution over one-pixel images).
 """
 import math
 
@@ -44,7 +45,11 @@ def advance_tap(ci, kx, ky, c_in, kw_):
     return ci, kx, ky
 
 
-def make_conv_forward(tile, bn_stats):
+EPILOGUES = ("plain", "bn_stats", "bias")
+
+
+def make_conv_forward(tile, epilogue):
+    bn_stats, bias = epilogue == "bn_stats", epilogue == "bias"
     T, BM, BN = tile.threads, tile.bm, tile.bn
     ROWS_PER_PASS = T // (BK // CHUNK)
     A_LOADS, B_LOADS = math.ceil(BM / ROWS_PER_PASS), math.ceil(BN / ROWS_PER_PASS)
@@ -143,7 +148,10 @@ def make_conv_forward(tile, bn_stats):
                     for half in range(2):
                         row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
                         if row < gemm_m and n0 + col < gemm_n:
-                            v = f16(acc[mi, ni, 2 * half + j])
+                            if bias:
+                                v = f16(acc[mi, ni, 2 * half + j] + sums[n0 + col])
+                            else:
+                                v = f16(acc[mi, ni, 2 * half + j])
                             y[row * c_out + n0 + col] = v
                             part += f32(v)
                             part_sq += f32(v) * f32(v)
@@ -156,20 +164,28 @@ def make_conv_forward(tile, bn_stats):
                 cuda.atomic.add(sums, n0 + c, smem[c])
                 cuda.atomic.add(sumsq, n0 + c, smem[BN + c])
 
+    # the statistics / bias branches are pruned (constants), so unused arguments may have any type
     if bn_stats:
         def conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
             forward(x, w, y, sums, sumsq, geo)
-        return conv2d_forward_bn_stats
+        return conv2d_forward_bn_stats, (H1, H1, H1, F1, F1, CONV_GEOMETRY)
+    if bias:
+        def linear_forward_bias(x, w, bias, y, geo):
+            forward(x, w, y, bias, bias, geo)
+        return linear_forward_bias, (H1, H1, F1, H1, CONV_GEOMETRY)
 
     def conv2d_forward(x, w, y, geo):
-        forward(x, w, y, y, y, geo)   # the statistics branches are pruned: bn_stats is a constant
-    return conv2d_forward
+        forward(x, w, y, y, y, geo)
+    return conv2d_forward, (H1, H1, H1, CONV_GEOMETRY)
 
 
-FORWARD = {(tile, stats): mma_kernel(f"mma_conv2d_forward{'_bn_stats' if stats else ''}_{tile.name}",
-                                 (H1, H1, H1, F1, F1, CONV_GEOMETRY) if stats else (H1, H1, H1, CONV_GEOMETRY))(
-                                     make_conv_forward(tile, stats))
-           for tile in TILES for stats in (False, True)}
+def _declare(tile, epilogue):
+    pyfunc, signature = make_conv_forward(tile, epilogue)
+    name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
+    return mma_kernel(f"mma_{name}_{tile.name}", signature)(pyfunc)
+
+
+FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}
 
 
 def mma_supported(x_shape, w_shape, groups):
@@ -189,8 +205,8 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=No
     tile = tile or choose_tile(pixels, c_out)
     grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
     if bn_sums is None:
-        launcher.launch(FORWARD[tile, False], grid, tile.threads, flat(x), flat(w), flat(y), geo)
+        launcher.launch(FORWARD[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
         return
     fill_zero(launcher, bn_sums[0])
     fill_zero(launcher, bn_sums[1])
-    launcher.launch(FORWARD[tile, True], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)
+    launcher.launch(FORWARD[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)

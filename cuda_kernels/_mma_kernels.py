@@ -3,7 +3,7 @@ import importlib
 
 from ._mma_tiles import MMA_KERNELS
 
-MMA_KERNEL_MODULES = ("_mma_conv", "_mma_wgrad", "_mma_dgrad")
+MMA_KERNEL_MODULES = ("_mma_conv", "_mma_wgrad", "_mma_dgrad", "_mma_ops")
 
 
 def all_mma_kernels():

@@ -70,16 +70,19 @@ SIM_TILE = MmaTile(32, 16, 2, 1)
 TILES = GPU_TILES + (SIM_TILE,)
 
 
-def choose_tile(m, n, tiles=None):
-    """The block tile (of ``tiles``, default ``GPU_TILES``) for a GEMM of ``m x n`` outputs: none wider
-    than ``n`` needs (no tile mostly padding along N), the largest that still gives every SM of an
-    H200 a block, else the smallest."""
+def choose_tile(m, n, tiles=None, min_blocks=H200_SMS):
+    """The block tile (of ``tiles``, default ``GPU_TILES``) for a GEMM of ``m x n`` outputs: none
+    larger than ``m`` / ``n`` need (no tile mostly padding), the largest that still gives
+    ``min_blocks`` blocks (a block per SM of an H200), else the smallest. A split reduction
+    fills the GPU by itself: the weight gradient asks for ``min_blocks=1``."""
     if SIMULATOR:
         return SIM_TILE
-    cap = max(16, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
-    fitting = [t for t in (tiles or GPU_TILES) if t.bn <= cap and t in GPU_TILES]
+
+    def cap(extent, least):
+        return max(least, 1 << max(0, math.ceil(math.log2(max(extent, 1)))))
+    fitting = [t for t in (tiles or GPU_TILES) if t in GPU_TILES and t.bn <= cap(n, 16) and t.bm <= cap(m, 64)]
     for tile in fitting:   # GPU_TILES is ordered by area, largest first
-        if math.ceil(m / tile.bm) * math.ceil(n / tile.bn) >= H200_SMS:
+        if math.ceil(m / tile.bm) * math.ceil(n / tile.bn) >= min_blocks:
             return tile
     return fitting[-1]
 

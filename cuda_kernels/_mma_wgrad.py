@@ -139,7 +139,7 @@ def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
     c_out, kh, kw, c_in = w.shape
     pixels = dy.size // c_out
     gemm_n = kh * kw * c_in
-    tile = tile or choose_tile(c_out, gemm_n, WGRAD_TILES)
+    tile = tile or choose_tile(c_out, gemm_n, WGRAD_TILES, min_blocks=1)
     tiles = math.ceil(c_out / tile.bm) * math.ceil(gemm_n / tile.bn)
     splits, chunk = _conv._reduction_split(pixels, tiles, BK)
     geo = _conv.conv_geometry(x.shape, w.shape, dy.shape, stride, pad, 1, c_out, gemm_n, pixels, chunk)

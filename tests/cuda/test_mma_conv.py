@@ -1,4 +1,4 @@
-"""Tensor-core convolution kernels (``_mma_conv``) against the numpy spec, in the simulator.
+"""Tensor-core convolution and linear kernels (``_mma_*``) against the numpy spec, in the simulator.
 
 Same conventions as test_kernels.py (fp16 inputs, float64 spec on those values, its
 tolerances). Shapes are tiny: the simulator runs ~10k threads/s and every mma / ldmatrix
@@ -12,7 +12,7 @@ import pytest
 from numba import cuda
 
 from cpu_ref import reference as ref
-from cuda_kernels import _mma_conv, _mma_dgrad, _mma_kernels, _mma_wgrad
+from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
 from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
 from cuda_kernels._tape import LaunchTape
 
@@ -148,6 +148,41 @@ def test_dgrad_matches_reference(request, config):
 
 def test_dgrad_on_a_gpu_tile():
     _dgrad(np.random.default_rng(5), "3x3-s2-p1-accumulate", tile=GPU_TILE_64)
+
+
+# ---- fully connected (GapFc's fc too): the same engine through _mma_ops ---------------------------------------
+LINEAR_CASES = {  # (batch, in, out, bias, accumulate)
+    "bias": (5, 16, 24, True, False),              # partial M (5 rows) and N (24 of 32)
+    "no-bias-accumulate": (3, 40, 8, False, True),
+}
+
+
+@pytest.mark.parametrize("config", sorted(LINEAR_CASES))
+def test_linear_matches_reference(request, config):
+    rng = np.random.default_rng(zlib.crc32(request.node.name.encode()))
+    n, f_in, f_out, with_bias, accumulate = LINEAR_CASES[config]
+    x, w, dy, dx0 = half(rng, (n, f_in)), half(rng, (f_out, f_in), 0.5), half(rng, (n, f_out)), half(rng, (n, f_in))
+    b = rng.standard_normal(f_out).astype(np.float32) if with_bias else None
+    y, dw, db = garbage((n, f_out), np.float16), garbage(w.shape, np.float32), garbage(f_out, np.float32)
+    dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
+    ops = _mma_ops.gemm_kernels("mma")
+
+    def record(t):
+        ops.linear_forward(t, dev(x), dev(w), None if b is None else dev(b), y)
+        ops.linear_backward(t, dev(x), dev(w), dev(dy), dx, dw, db, accumulate)
+    run(record)
+    check("y", y, ref.linear_forward(f64(x), f64(w), None if b is None else f64(b)), "fp16")
+    dx_ref, dw_ref, db_ref = ref.linear_backward(f64(x), f64(w), f64(dy))
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+    check("dw", dw, dw_ref, "fp32")
+    check("db", db, db_ref, "fp32")
+    assert any(name.startswith("mma_") for name in LAUNCHED), "the tensor-core kernels did not run"
+
+
+def test_gemm_kernels_names_its_choices():
+    assert _mma_ops.gemm_kernels("simt").conv2d_forward is _conv.conv2d_forward
+    with pytest.raises(ValueError, match="expected one of \\['mma', 'simt'\\], got 'wmma'"):
+        _mma_ops.gemm_kernels("wmma")
 
 
 def test_every_simulator_tile_kernel_is_launched():
