@@ -71,14 +71,21 @@ def run_step_sections(only, budget, failures, skipped, notes):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU-side self-test; no GPU needed")
+    parser.add_argument("--static", action="store_true", help="tensor-core kernels: ptxas registers, spills, "
+                        "shared memory, mma per iteration, predicted TFLOP/s (no GPU; --json writes the records)")
     parser.add_argument("--only", default="", help="run the kernel rows whose name contains this, and the step "
                         f"sections ({', '.join(STEP_SECTIONS)}) or their models whose name contains it")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
                         help="seconds for the whole run; later units that no longer fit are reported as not run")
     args = parser.parse_args(argv)
+    if args.static:   # tensor-core kernels (benchmarks/_gpu_static.py)
+        from benchmarks._gpu_static import static_main
+        return static_main(args.json)
     if args.dry_run:
         dry_run(args.only)
+        from benchmarks._gpu_model import print_conv_predictions
+        print_conv_predictions()   # PREDICTED conv times, mma vs SIMT (benchmarks/_gpu_model.py)
         return 0
     if not cuda.is_available():
         print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
