@@ -1,0 +1,40 @@
+"""The tensor-core performance model of ``benchmarks/_gpu_model.py`` (predictions only; no GPU).
+
+Checks what the model must get right whatever its constants: the convolutions it walks, that no
+prediction beats the tensor-core peak it assumes, that layers the mma kernels cannot take are
+predicted as SIMT, that the SIMT input gradient pays s^2 and the stem has none, and that the
+printed table labels every figure a prediction.
+"""
+import pytest
+
+from benchmarks._gpu_model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions
+from benchmarks._gpu_step_common import resnet18_cifar_blueprint, zoo_model
+
+
+def test_resnet50_has_53_convolutions_at_the_torchvision_sizes():
+    shapes = conv_shapes(zoo_model("resnet50", 1000)(), 256, 224)
+    assert len(shapes) == 53
+    assert (shapes[0].hw, shapes[0].c_in, shapes[0].kernel, shapes[0].stride, shapes[0].first) == (224, 3, 7, 2, True)
+    assert [s.hw for s in shapes if s.kernel == 3] == [56] * 3 + [56] + [28] * 3 + [28] + [14] * 5 + [14] + [7] * 2
+    assert shapes[-1].out_hw == 7 and not any(s.first for s in shapes[1:])
+
+
+@pytest.mark.parametrize("shape", [ConvShape("c", 256, 56, 64, 64, 3, 1, 1), ConvShape("c", 512, 8, 256, 512, 3, 2, 1),
+                                   ConvShape("c", 64, 14, 1024, 2048, 1, 2, 0)])
+def test_no_prediction_beats_the_assumed_tensor_core_peak(shape):
+    for kind, (mma, simt) in predict_conv(shape).items():
+        assert 0 < mma.tflops <= H200.tensor_fp16_flops * H200.mma_sync_share / 1e12, kind
+        assert simt.seconds > mma.seconds, kind
+
+
+def test_stems_run_simt_without_an_input_gradient_and_simt_dgrad_pays_stride_squared():
+    stem = predict_conv(ConvShape("stem", 8, 32, 3, 64, 7, 2, 3, first=True))
+    assert set(stem) == {"forward", "wgrad"} and all(mma is None for mma, _ in stem.values())
+    strided = predict_conv(ConvShape("c", 8, 16, 64, 64, 3, 2, 1))
+    assert strided["dgrad"][1].seconds - H200.launch_s == pytest.approx(4 * (strided["forward"][1].seconds - H200.launch_s))
+
+
+def test_the_printed_table_labels_its_figures_predictions(capsys):
+    print_conv_predictions((("resnet18-cifar b64", resnet18_cifar_blueprint, 64, 32),))
+    out = capsys.readouterr().out
+    assert "PREDICTED" in out and "(prediction)" in out and "layer4.1.conv2" in out
