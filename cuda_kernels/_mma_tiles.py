@@ -80,7 +80,9 @@ def choose_tile(m, n, tiles=None, min_blocks=H200_SMS):
 
     def cap(extent, least):
         return max(least, 1 << max(0, math.ceil(math.log2(max(extent, 1)))))
-    fitting = [t for t in (tiles or GPU_TILES) if t in GPU_TILES and t.bn <= cap(n, 16) and t.bm <= cap(m, 64)]
+    candidates = [t for t in (tiles or GPU_TILES) if t in GPU_TILES]
+    fitting = [t for t in candidates if t.bn <= cap(n, 16) and t.bm <= cap(m, 64)] or sorted(
+        candidates, key=lambda t: (math.ceil(m / t.bm) * t.bm * math.ceil(n / t.bn) * t.bn, -t.bm * t.bn))[:1]
     for tile in fitting:   # GPU_TILES is ordered by area, largest first
         if math.ceil(m / tile.bm) * math.ceil(n / tile.bn) >= min_blocks:
             return tile
