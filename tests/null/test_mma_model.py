@@ -38,3 +38,32 @@ def test_the_printed_table_labels_its_figures_predictions(capsys):
     print_conv_predictions((("resnet18-cifar b64", resnet18_cifar_blueprint, 64, 32),))
     out = capsys.readouterr().out
     assert "PREDICTED" in out and "(prediction)" in out and "layer4.1.conv2" in out
+
+
+# ---- the tile table (GPU tiles: this tier runs without the simulator) ----------------------------------------
+from cuda_kernels._mma_dgrad import DGRAD_TILES  # noqa: E402
+from cuda_kernels._mma_tiles import MmaTile, choose_tile  # noqa: E402
+from cuda_kernels._mma_wgrad import WGRAD_TILES  # noqa: E402
+
+TILE_CHOICES = [  # (m, n, tiles, min_blocks, expected): no tile mostly padding, the GPU filled
+    (256 * 56 * 56, 256, None, 132, "128x128x32"),    # ResNet-50 layer1 1x1 expand
+    (256 * 56 * 56, 64, None, 132, "128x64x32"),      # 64-channel layers: no 128-wide tile
+    (512 * 32 * 32, 16, None, 132, "128x16x32"),      # 16-channel CIFAR layers
+    (512 * 16 * 16, 32, None, 132, "128x32x32"),
+    (2 * 14 * 14, 64, None, 132, "128x16x32"),        # no tile fills the GPU: the smallest (most blocks)
+    (64, 576, WGRAD_TILES, 1, "64x64x32"),            # wgrad: Cout 64, no 128-row tile; splits fill the GPU
+    (16, 16, WGRAD_TILES, 1, "128x16x32"),            # nothing fits: the least padded
+    (256 * 28 * 28, 512, DGRAD_TILES, 132, "128x64x32"),   # 128x128 needs more than 48 KB with .trans B
+]
+
+
+@pytest.mark.parametrize("m, n, tiles, min_blocks, expected", TILE_CHOICES)
+def test_choose_tile(m, n, tiles, min_blocks, expected):
+    tile = choose_tile(m, n, tiles, min_blocks=min_blocks)
+    assert tile.name == expected
+    assert tiles is None or tile in tiles
+
+
+def test_a_tile_whose_warps_do_not_divide_it_is_refused():
+    with pytest.raises(ValueError, match="warp tiles must be multiples of 16x16, got 4x4 warps"):
+        MmaTile(32, 32, 4, 4)
