@@ -57,7 +57,8 @@ def make_conv_forward(tile, epilogue):
     B_BASE = STAGES * A_STAGE
     SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
+    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
@@ -84,6 +85,8 @@ def make_conv_forward(tile, epilogue):
     def forward(x, w, y, sums, sumsq, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
@@ -93,6 +96,7 @@ def make_conv_forward(tile, epilogue):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         for i in range(A_LOADS):   # this thread's output pixels: the only division of the kernel
             m = m0 + (tid >> 2) + i * ROWS_PER_PASS
@@ -133,7 +137,7 @@ def make_conv_forward(tile, epilogue):
                 ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
             cp_async_commit()
             stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, warp_m, warp_n, acc)
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
         wait_all()
         cuda.syncthreads()
         if bn_stats:

@@ -45,7 +45,8 @@ def make_dgrad(tile):
     B_BASE = STAGES * A_STAGE
     SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    warp_step = make_warp_step(tile, a_trans=False, b_trans=True)
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=True)
+    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
@@ -72,6 +73,8 @@ def make_dgrad(tile):
     def conv2d_backward_data(dy, w, dx, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
@@ -87,6 +90,7 @@ def make_dgrad(tile):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         if m0 >= gemm_m:
             return
@@ -140,7 +144,7 @@ def make_dgrad(tile):
                     bco[i], btx[i], bty[i] = advance_tap(bco[i], btx[i], bty[i], c_out, tw_)
             cp_async_commit()
             stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, warp_m, warp_n, acc)
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
         wait_all()
         pixel = cuda.local.array((MI, 2), nbt.int32)   # the divisions stay out of the unrolled stores
         for mi in range(MI):

@@ -104,43 +104,61 @@ def kc_offset(row, chunk):
 
 
 def make_warp_step(tile, a_trans, b_trans):
-    """``warp_step(smem, a_base, b_base, warp_m, warp_n, acc)``: the warp's ``mi x ni`` mma over one
-    BK slice whose A / B tiles start at byte ``a_base`` / ``b_base``. ``*_trans``: that operand is
-    stored MN-contiguous (rows = k) and read with ``ldmatrix.trans``."""
-    MI, NI = tile.mi, tile.ni
+    """``(fragment_offsets, warp_step)`` of a warp's ``mi x ni`` mma over one BK slice.
+
+    ``fragment_offsets(warp_m, warp_n, a_off, b_off)`` fills this lane's ldmatrix row offsets
+    (int32 ``(BK // 16, mi)`` and ``(BK // 16, ni // 2)`` bytes from a stage's A / B tile): they do
+    not change along the reduction, so the main loop only adds a stage's base. ``*_trans``: that
+    operand is stored MN-contiguous (rows = k) and read with ``ldmatrix.trans``.
+    ``warp_step(smem, a_base, b_base, a_off, b_off, acc)`` runs the slice whose tiles start at
+    bytes ``a_base`` / ``b_base``."""
+    MI, NI, KK = tile.mi, tile.ni, BK // 16
     WTM, WTN = tile.bm // tile.warps_m, tile.bn // tile.warps_n
     A_ROW, B_ROW = (tile.bm + CHUNK) * 2, (tile.bn + CHUNK) * 2
-    u32 = nbt.uint32
+    u32, i32 = nbt.uint32, nbt.int32
 
     @cuda.jit(device=True)
-    def warp_step(smem, a_base, b_base, warp_m, warp_n, acc):
+    def fragment_offsets(warp_m, warp_n, a_off, b_off):
         lane = cuda.threadIdx.x & 31
-        af = cuda.local.array((MI, 4), u32)
-        bf = cuda.local.array((NI, 2), u32)
-        for kk in range(BK // 16):
+        for kk in range(KK):
             for mi in range(MI):
                 m = warp_m * WTM + mi * 16
                 if a_trans:   # matrices: (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15) (m 8-15, k 8-15)
                     k = kk * 16 + (lane & 7) + ((lane >> 4) << 3)
-                    r = ldmatrix_x4_trans(smem, a_base + k * A_ROW + (m + (((lane >> 3) & 1) << 3)) * 2)
+                    a_off[kk, mi] = i32(k * A_ROW + (m + (((lane >> 3) & 1) << 3)) * 2)
                 else:
-                    r = ldmatrix_x4(smem, a_base + kc_offset(m + (lane & 15), kk * 2 + (lane >> 4)))
-                af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3] = r[0], r[1], r[2], r[3]
+                    a_off[kk, mi] = i32(kc_offset(m + (lane & 15), kk * 2 + (lane >> 4)))
             for nj in range(NI // 2):
                 n = warp_n * WTN + nj * 16
                 if b_trans:   # matrices: (k 0-7, n 0-7) (k 8-15, n 0-7) (k 0-7, n 8-15) (k 8-15, n 8-15)
                     k = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
-                    r = ldmatrix_x4_trans(smem, b_base + k * B_ROW + (n + ((lane >> 4) << 3)) * 2)
+                    b_off[kk, nj] = i32(k * B_ROW + (n + ((lane >> 4) << 3)) * 2)
                 else:         # matrices: (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7) (n 8-15, k 8-15)
-                    r = ldmatrix_x4(smem, b_base + kc_offset(n + ((lane >> 4) << 3) + (lane & 7),
-                                                             kk * 2 + ((lane >> 3) & 1)))
+                    b_off[kk, nj] = i32(kc_offset(n + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)))
+
+    @cuda.jit(device=True)
+    def warp_step(smem, a_base, b_base, a_off, b_off, acc):
+        af = cuda.local.array((MI, 4), u32)
+        bf = cuda.local.array((NI, 2), u32)
+        for kk in range(KK):
+            for mi in range(MI):
+                if a_trans:
+                    r = ldmatrix_x4_trans(smem, a_base + a_off[kk, mi])
+                else:
+                    r = ldmatrix_x4(smem, a_base + a_off[kk, mi])
+                af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3] = r[0], r[1], r[2], r[3]
+            for nj in range(NI // 2):
+                if b_trans:
+                    r = ldmatrix_x4_trans(smem, b_base + b_off[kk, nj])
+                else:
+                    r = ldmatrix_x4(smem, b_base + b_off[kk, nj])
                 bf[2 * nj, 0], bf[2 * nj, 1], bf[2 * nj + 1, 0], bf[2 * nj + 1, 1] = r[0], r[1], r[2], r[3]
             for mi in range(MI):
                 for ni in range(NI):
                     acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = mma_m16n8k16(
                         af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3], bf[ni, 0], bf[ni, 1],
                         acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
-    return warp_step
+    return fragment_offsets, warp_step
 
 
 # The tensor-core kernels' own table (``_registry.KERNELS`` holds the SIMT reference set, whose

@@ -44,7 +44,8 @@ def make_wgrad(tile):
     B_BASE = STAGES * A_STAGE
     SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    warp_step = make_warp_step(tile, a_trans=True, b_trans=True)
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans=True, b_trans=True)
+    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
@@ -69,6 +70,8 @@ def make_wgrad(tile):
     def conv2d_backward_weight(dy, x, dw, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
         pb = cuda.local.array(B_LOADS, nbt.int32)
         poh = cuda.local.array(B_LOADS, nbt.int32)
         pow_ = cuda.local.array(B_LOADS, nbt.int32)
@@ -77,6 +80,7 @@ def make_wgrad(tile):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         p0 = i32(cuda.blockIdx.z * chunk)
         p_end = min(pixels, p0 + chunk)
@@ -111,7 +115,7 @@ def make_wgrad(tile):
                     pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], oh_, ow_)
             cp_async_commit()
             stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, warp_m, warp_n, acc)
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
         wait_all()
         for mi in range(MI):
             for ni in range(NI):
