@@ -5,7 +5,8 @@ Per GEMM (forward, input gradient, weight gradient of each convolution) with the
 SM the time of its mma (tensor-core issue rate) and of its shared-memory traffic (ldmatrix
 reads + cp.async writes, 128 B/clock); waves of 132 SMs (quantisation); HBM bytes (every
 operand once) and L2 bytes (A once per column of tiles, B once per row); the time is the
-largest of the three plus a launch. SIMT: issue-bound, 4 instructions per FFMA (its SASS,
+largest of the three plus a launch (the any-channel forward of stems adds the issue time of
+its scalar staging). SIMT: issue-bound, 4 instructions per FFMA (its SASS,
 CUDA-NOTES.md) at 20% of the issue slots, calibrated to issue 12's 2-3.5 TFLOP/s estimate;
 its input gradient gathers with s^2 the work. The H200 figures are the datasheet's; the
 mma.sync share of the tensor-core peak is an assumption (wgmma reaches the peak on Hopper).
@@ -15,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from cuda_kernels._mma_dgrad import DGRAD_TILES
-from cuda_kernels._mma_tiles import BK, GPU_TILES, STAGES, choose_tile, k_contiguous_bytes, mn_contiguous_bytes
+from cuda_kernels._mma_conv import STEM_TILES
+from cuda_kernels._mma_tiles import BK, CHUNK, STAGES, choose_tile, k_contiguous_bytes, mn_contiguous_bytes
 from cuda_kernels._mma_wgrad import WGRAD_TILES
 
 
@@ -57,7 +59,12 @@ class Prediction:
         return self.flops / self.seconds / 1e12
 
 
-def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, groups_z=1, k_per_block=None, gpu=H200):
+# the any-channel forward (stems) stages 8 scalar loads per 16-byte chunk: ~12 issued instructions each
+SCALAR_STAGING_INSTRUCTIONS = 12 * CHUNK
+
+
+def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, groups_z=1, k_per_block=None, scalar_staging=False,
+                 gpu=H200):
     """Predicted time of one tensor-core GEMM launch: ``groups_z`` independent GEMMs of m x n x k
     (implicit operands: ``hbm_bytes`` is what the tensors themselves hold; L2 serves the re-reads)."""
     flops = 2.0 * m * n * k * groups_z
@@ -70,11 +77,14 @@ def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, groups_z=1, k_per_block
     warps = tile.threads // 32
     smem = warps * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
     t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
+    chunks = (tile.bm + tile.bn) * BK // CHUNK   # 16-byte chunks staged per k-tile and block
+    t_issue = resident * chunks / 32 * SCALAR_STAGING_INSTRUCTIONS / (4 * gpu.clock_hz) if scalar_staging else 0.0
     waves = math.ceil(blocks / (gpu.sms * resident))
-    t_compute = waves * math.ceil(k_per_block / BK) * max(t_mma, t_smem)
+    t_compute = waves * math.ceil(k_per_block / BK) * max(t_mma, t_smem, t_issue)
     t_hbm = hbm_bytes / gpu.hbm_bytes_s
     t_l2 = 2.0 * groups_z * (m * k * math.ceil(n / tile.bn) + k * n * math.ceil(m / tile.bm)) / gpu.l2_bytes_s
-    times = {"tensor cores" if t_mma >= t_smem else "shared memory": t_compute, "HBM": t_hbm, "L2": t_l2}
+    unit = max((t_mma, "tensor cores"), (t_smem, "shared memory"), (t_issue, "scalar staging"))[1]
+    times = {unit: t_compute, "HBM": t_hbm, "L2": t_l2}
     bound = max(times, key=times.get)
     return Prediction(times[bound] + gpu.launch_s, flops, tile.name, bound)
 
@@ -109,9 +119,14 @@ def predict_conv(c, gpu=H200):
             "wgrad": predict_simt(flops)}
     if c.first:
         del simt["dgrad"]
-    if c.c_in % 8 or c.c_out % 8:
-        return {kind: (None, simt[kind]) for kind in simt}
     x_bytes, w_bytes, y_bytes = 2.0 * c.batch * c.hw ** 2 * c.c_in, 2.0 * taps * c.c_in * c.c_out, 2.0 * pixels_out * c.c_out
+    if c.c_in % 8 or c.c_out % 8:   # the any-channel forward (stems); the gradients stay SIMT
+        out = {kind: (None, simt[kind]) for kind in simt}
+        stem = choose_tile(pixels_out, c.c_out, STEM_TILES)
+        out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem,
+                                       STAGES * (k_contiguous_bytes(stem.bm) + k_contiguous_bytes(stem.bn)),
+                                       x_bytes + w_bytes + y_bytes, scalar_staging=True), simt["forward"])
+        return out
     fwd = choose_tile(pixels_out, c.c_out)
     s2 = c.stride ** 2
     class_pixels = c.batch * math.ceil(c.hw / c.stride) ** 2

@@ -30,6 +30,10 @@ global memory as ``(array, element_index)``.
     groups are visible to this thread; a ``syncthreads`` makes them visible to the block).
 
 ``shared_address(smem, byte_offset) -> uint32``: the 32-bit shared-window address (``cvta.to.shared``).
+
+``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
+``st_shared_v4(smem, byte_offset, r0, r1, r2, r3)`` (``st.shared.v4.b32``: 16 bytes, 16-byte
+aligned): a synchronous 16-byte chunk for operands whose rows are not 16-byte aligned.
 """
 from llvmlite import ir
 from numba.cuda import types as nbt
@@ -128,10 +132,32 @@ def _cp_async_wait(pending):
     return wait_group
 
 
+@intrinsic
+def _pack_half2(typingctx, lo, hi):
+    def codegen(context, builder, sig, args):
+        i16 = ir.IntType(16)
+        low = builder.zext(builder.bitcast(args[0], i16), _I32)
+        high = builder.zext(builder.bitcast(args[1], i16), _I32)
+        return builder.or_(low, builder.shl(high, ir.Constant(_I32, 16)))
+    return nbt.uint32(nbt.float16, nbt.float16), codegen
+
+
+@intrinsic
+def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
+    sig = nbt.void(smem, nbt.int32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
+
+    def codegen(context, builder, sig, args):
+        address = _shared_window(context, builder, sig.args[0], args[0], args[1])
+        _asm(builder, [], [address] + list(args[2:]), "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: F401
-                             ldmatrix_x4_trans, mma_m16n8k16)
+                             ldmatrix_x4_trans, mma_m16n8k16, pack_half2_device as pack_half2, st_shared_v4)
 else:
+    pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
     mma_m16n8k16 = _mma_m16n8k16
     ldmatrix_x4 = _make_ldmatrix(LDMATRIX_PTX)
     ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)

@@ -23,7 +23,7 @@ from numba import cuda
 from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16, cp_async_commit, cp_async_wait
+from ._mma import cp_async_16, cp_async_commit, cp_async_wait, pack_half2, st_shared_v4
 from ._mma_tiles import (BK, CHUNK, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
                          make_warp_step, mma_kernel)
 from ._registry import F1, H1, ZERO, flat, nbt
@@ -48,7 +48,32 @@ def advance_tap(ci, kx, ky, c_in, kw_):
 EPILOGUES = ("plain", "bn_stats", "bias")
 
 
-def make_conv_forward(tile, epilogue):
+@cuda.jit(device=True)
+def store_chunk(smem, byte_offset, v):
+    st_shared_v4(smem, byte_offset, pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                 pack_half2(v[6], v[7]))
+
+
+@cuda.jit(device=True)
+def patch_chunk(x, v, base, hh0, ww0, k, ci, kx, ky, geo):
+    """``v[:] =`` 8 consecutive k of one output pixel's patch, for any channel count (stems)."""
+    gemm_k, h_, w_, c_in, kw_ = geo[2], geo[4], geo[5], geo[6], geo[11]
+    for j in range(CHUNK):
+        hh, ww = hh0 + ky, ww0 + kx
+        valid = k + j < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
+        v[j] = x[base + (ky * w_ + kx) * c_in + ci] if valid else f16(ZERO)
+        ci += 1
+        if ci == c_in:
+            ci = 0
+            kx += 1
+            if kx == kw_:
+                kx = 0
+                ky += 1
+
+
+def make_conv_forward(tile, epilogue, any_channels=False):
+    """The forward kernel of ``tile``; ``any_channels``: rows of x and w need not be 16-byte aligned
+    (Cin % 8 != 0: the 3-channel stem), staged by 8 scalar loads and one ``st.shared.v4`` per chunk."""
     bn_stats, bias = epilogue == "bn_stats", epilogue == "bias"
     T, BM, BN = tile.threads, tile.bm, tile.bn
     ROWS_PER_PASS = T // (BK // CHUNK)
@@ -66,20 +91,30 @@ def make_conv_forward(tile, epilogue):
         gemm_n, gemm_k, h_, w_, c_in = geo[1], geo[2], geo[4], geo[5], geo[6]
         tid = cuda.threadIdx.x
         chunk, row0 = tid & 3, tid >> 2
+        v = cuda.local.array(CHUNK, nbt.float16)
         tap_offset = (ky * w_ + kx) * c_in + ci
         for i in range(A_LOADS):
             r = row0 + i * ROWS_PER_PASS
             if r < BM:
-                hh, ww = a_h[i] + ky, a_w[i] + kx
-                valid = k < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
-                cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), x,
-                            a_base[i] + tap_offset if valid else i32(0), valid)
+                if any_channels:
+                    patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, kx, ky, geo)
+                    store_chunk(smem, stage * A_STAGE + kc_offset(r, chunk), v)
+                else:
+                    hh, ww = a_h[i] + ky, a_w[i] + kx
+                    valid = k < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
+                    cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), x,
+                                a_base[i] + tap_offset if valid else i32(0), valid)
         for i in range(B_LOADS):
             r = row0 + i * ROWS_PER_PASS
             if r < BN:
-                valid = b_row[i] < gemm_n and k < gemm_k
-                cp_async_16(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), w,
-                            b_row[i] * gemm_k + k if valid else i32(0), valid)
+                if any_channels:
+                    for j in range(CHUNK):
+                        v[j] = w[b_row[i] * gemm_k + k + j] if b_row[i] < gemm_n and k + j < gemm_k else f16(ZERO)
+                    store_chunk(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), v)
+                else:
+                    valid = b_row[i] < gemm_n and k < gemm_k
+                    cp_async_16(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), w,
+                                b_row[i] * gemm_k + k if valid else i32(0), valid)
 
     @cuda.jit(device=True)
     def forward(x, w, y, sums, sumsq, geo):
@@ -183,18 +218,22 @@ def make_conv_forward(tile, epilogue):
     return conv2d_forward, (H1, H1, H1, CONV_GEOMETRY)
 
 
-def _declare(tile, epilogue):
-    pyfunc, signature = make_conv_forward(tile, epilogue)
+def _declare(tile, epilogue, any_channels=False):
+    pyfunc, signature = make_conv_forward(tile, epilogue, any_channels)
     name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
-    return mma_kernel(f"mma_{name}_{tile.name}", signature)(pyfunc)
+    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature)(pyfunc)
 
 
 FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}
+# stems (3 input channels): a block tile of 64 filters suffices (their Cout is 64 or less in the zoo)
+STEM_TILES = tuple(t for t in TILES if t.bn <= 64)
+FORWARD_ANY_CHANNELS = {(tile, epilogue): _declare(tile, epilogue, any_channels=True)
+                        for tile in STEM_TILES for epilogue in ("plain", "bn_stats")}
 
 
 def mma_supported(x_shape, w_shape, groups):
-    """Whether the tensor-core kernels take this convolution (else the SIMT ones do)."""
-    return groups == 1 and x_shape[-1] % CHUNK == 0 and w_shape[-1] == x_shape[-1]
+    """Whether the tensor-core forward takes this convolution (else the SIMT one does)."""
+    return groups == 1 and w_shape[-1] == x_shape[-1]
 
 
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=None):
@@ -206,11 +245,13 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=No
     c_out, kh, kw, c_in = w.shape
     pixels = y.size // c_out
     geo = _conv.conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw * c_in)
-    tile = tile or choose_tile(pixels, c_out)
+    aligned = c_in % CHUNK == 0
+    tile = tile or choose_tile(pixels, c_out, None if aligned else STEM_TILES)
+    kernels = FORWARD if aligned else FORWARD_ANY_CHANNELS
     grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
     if bn_sums is None:
-        launcher.launch(FORWARD[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
+        launcher.launch(kernels[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
         return
     fill_zero(launcher, bn_sums[0])
     fill_zero(launcher, bn_sums[1])
-    launcher.launch(FORWARD[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)
+    launcher.launch(kernels[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)

@@ -154,6 +154,20 @@ def _land(group):
             dst[start:start + 8] = 0
 
 
+@cuda.jit(device=True)
+def pack_half2_device(lo, hi):
+    """Twin of ``_mma.pack_half2``."""
+    return pack_half2(lo, hi)
+
+
+@cuda.jit(device=True)
+def st_shared_v4(smem, byte_offset, r0, r1, r2, r3):
+    """Twin of ``st.shared.v4.b32`` (16-byte aligned)."""
+    if byte_offset % 16:
+        raise ValueError(f"st.shared.v4: byte offset {byte_offset} is not 16-byte aligned")
+    smem.view(np.uint32)[byte_offset // 4:byte_offset // 4 + 4] = (r0, r1, r2, r3)
+
+
 def cp_async_wait(pending):
     """Twin of ``cp.async.wait_group pending``: all but the newest ``pending`` groups land."""
     @cuda.jit(device=True)

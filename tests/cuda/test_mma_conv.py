@@ -59,6 +59,8 @@ FORWARD_CASES = {
     "3x3-c16-s2": (1, 7, 7, 16, 20, 3, 2, 1),            # stride 2 with padding, two column tiles
     "7x7-c24-s2-p3": (1, 6, 6, 24, 8, 7, 2, 3),          # K 1176 = 37 k-tiles; taps cross k-tiles mid-channel
     "3x3-c8-batch2-nopad": (2, 5, 4, 8, 8, 3, 1, 0),
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),      # any channel count: K 147, unaligned rows
+    "3x3-c5": (2, 4, 4, 5, 8, 3, 1, 1),
 }
 
 
@@ -86,10 +88,9 @@ def test_forward_on_a_gpu_tile():
     _forward(np.random.default_rng(3), "3x3-c8-partial-mnk", True, tile=GPU_TILE_64)
 
 
-def test_forward_falls_back_to_simt_where_channels_are_not_multiples_of_8():
-    assert not _mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
+def test_the_forward_takes_any_channel_count_but_not_groups():
+    assert _mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
     assert not _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
-    assert _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 8), 1)
 
 
 # ---- weight gradient ------------------------------------------------------------------------------------------

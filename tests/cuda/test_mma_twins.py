@@ -9,8 +9,8 @@ import pytest
 from numba import cuda
 
 from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans,
-                               mma_m16n8k16)
-from cuda_kernels._mma_twins import pack_half2, unpack_half2
+                               mma_m16n8k16, pack_half2, st_shared_v4)
+from cuda_kernels._mma_twins import pack_half2 as host_pack, unpack_half2
 
 WARPS = 2
 rng = np.random.default_rng(12)
@@ -29,9 +29,9 @@ def _isa_fragments(a, b, c):
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for i, (row, col) in enumerate([(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]):
-            regs[lane, i] = pack_half2(a[row, col], a[row, col + 1])
+            regs[lane, i] = host_pack(a[row, col], a[row, col + 1])
         for i, k in enumerate([2 * t, 2 * t + 8]):
-            regs[lane, 4 + i] = pack_half2(b[k, g], b[k + 1, g])
+            regs[lane, 4 + i] = host_pack(b[k, g], b[k + 1, g])
         accs[lane] = [c[g, 2 * t], c[g, 2 * t + 1], c[g + 8, 2 * t], c[g + 8, 2 * t + 1]]
     return regs, accs
 
@@ -54,7 +54,7 @@ def _mma_kernel(regs, accs, d):
 
 
 def test_pack_half2_puts_the_first_element_in_the_low_half():
-    reg = pack_half2(np.float16(1.0), np.float16(-2.0))
+    reg = host_pack(np.float16(1.0), np.float16(-2.0))
     assert reg == np.uint32(0xC000_3C00)
     assert list(unpack_half2(reg)) == [1.0, -2.0]
 
@@ -173,3 +173,25 @@ def test_cp_async_lands_at_wait_group_with_zero_fill():
     np.testing.assert_array_equal(early[:256], expected[:256])
     # the twin delays the newest group to its wait: reading it earlier sees the NaN poison
     assert np.isnan(early[256:]).all()
+
+
+@cuda.jit
+def _store_chunk_kernel(src, out):
+    smem = cuda.shared.array(64, np.float32)
+    lane = cuda.threadIdx.x
+    if lane < 4:   # lane l stores 8 halves at byte 64 + 16 l
+        st_shared_v4(smem, 64 + 16 * lane, pack_half2(src[8 * lane], src[8 * lane + 1]),
+                     pack_half2(src[8 * lane + 2], src[8 * lane + 3]), pack_half2(src[8 * lane + 4], src[8 * lane + 5]),
+                     pack_half2(src[8 * lane + 6], src[8 * lane + 7]))
+    cuda.syncthreads()
+    r = ldmatrix_x4(smem, 64 + 16 * (lane % 4))   # rows 0-3 of each matrix are the 4 chunks
+    out[lane] = r[0]
+
+
+def test_st_shared_v4_of_packed_halves_lands_in_order():
+    src = (np.arange(32) - 7).astype(np.float16)
+    out = np.zeros(32, np.uint32)
+    _store_chunk_kernel[1, 32](src, out)
+    for lane in range(32):   # ldmatrix: lane l gets row l // 4, halves 2 (l % 4), +1 (rows 4-7 repeat 0-3)
+        row, col = (lane // 4) % 4, 2 * (lane % 4)
+        assert list(unpack_half2(out[lane])) == [src[8 * row + col], src[8 * row + col + 1]], lane

@@ -120,7 +120,11 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
     counts = instruction_counts(ptx)
     assert counts["mma"] == tile.mi * tile.ni * 2, counts   # the main loop's k16 steps, unrolled once
-    assert counts["ldmatrix"] + counts["ldmatrix_trans"] > 0 and counts["cp_async"] > 0, counts
+    assert counts["ldmatrix"] + counts["ldmatrix_trans"] > 0, counts
+    if "any_channels" in name:   # unaligned rows: scalar loads and one st.shared.v4 per chunk, no cp.async
+        assert counts["cp_async"] == 0 and "st.shared.v4.b32" in ptx, counts
+    else:
+        assert counts["cp_async"] > 0, counts
     if not ptxas_available():
         pytest.skip(_NO_PTXAS)
     info = ptxas_info(ptx, cc)
