@@ -111,6 +111,12 @@ class ConvShape:
         return (self.hw + 2 * self.pad - self.kernel) // self.stride + 1
 
 
+def _wgrad_splits(c, tile, gpu):
+    """The pixel splits ``_conv._reduction_split`` gives the weight gradient (two blocks per SM)."""
+    blocks = math.ceil(c.c_out / tile.bm) * math.ceil(c.kernel ** 2 * c.c_in / tile.bn)
+    return max(1, min(math.ceil(2 * gpu.sms / blocks), math.ceil(c.batch * c.out_hw ** 2 / (8 * BK))))
+
+
 def predict_conv(c, gpu=H200):
     """``{"forward" | "dgrad" | "wgrad": (mma Prediction or None, simt Prediction)}`` of one convolution."""
     pixels_out, taps = c.batch * c.out_hw ** 2, c.kernel ** 2
@@ -120,20 +126,26 @@ def predict_conv(c, gpu=H200):
     if c.first:
         del simt["dgrad"]
     x_bytes, w_bytes, y_bytes = 2.0 * c.batch * c.hw ** 2 * c.c_in, 2.0 * taps * c.c_in * c.c_out, 2.0 * pixels_out * c.c_out
-    if c.c_in % 8 or c.c_out % 8:   # the any-channel forward (stems); the gradients stay SIMT
+    if c.c_in % 8 or c.c_out % 8:   # stems: any-channel forward and weight gradient; no input gradient
         out = {kind: (None, simt[kind]) for kind in simt}
         stem = choose_tile(pixels_out, c.c_out, STEM_TILES)
         out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem,
                                        STAGES * (k_contiguous_bytes(stem.bm) + k_contiguous_bytes(stem.bn)),
                                        x_bytes + w_bytes + y_bytes, scalar_staging=True), simt["forward"])
+        if c.c_out % 8 == 0 and c.first:
+            wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
+            splits = _wgrad_splits(c, wgr, gpu)
+            out["wgrad"] = (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr,
+                                         STAGES * (mn_contiguous_bytes(wgr.bm) + mn_contiguous_bytes(wgr.bn)),
+                                         x_bytes + y_bytes + 2 * w_bytes * splits, scalar_staging=True,
+                                         k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"])
         return out
     fwd = choose_tile(pixels_out, c.c_out)
     s2 = c.stride ** 2
     class_pixels = c.batch * math.ceil(c.hw / c.stride) ** 2
     dgr = choose_tile(class_pixels, c.c_in, DGRAD_TILES)
     wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
-    wgrad_blocks = math.ceil(c.c_out / wgr.bm) * math.ceil(taps * c.c_in / wgr.bn)
-    splits = max(1, min(math.ceil(2 * gpu.sms / wgrad_blocks), math.ceil(pixels_out / (8 * BK))))
+    splits = _wgrad_splits(c, wgr, gpu)
     out = {
         "forward": (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd,
                                  STAGES * (k_contiguous_bytes(fwd.bm) + k_contiguous_bytes(fwd.bn)),

@@ -24,7 +24,7 @@ from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
 from ._mma import cp_async_16, cp_async_commit, cp_async_wait, pack_half2, st_shared_v4
-from ._mma_tiles import (BK, CHUNK, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
                          make_warp_step, mma_kernel)
 from ._registry import F1, H1, ZERO, flat, nbt
 
@@ -118,7 +118,7 @@ def make_conv_forward(tile, epilogue, any_channels=False):
 
     @cuda.jit(device=True)
     def forward(x, w, y, sums, sumsq, geo):
-        smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
+        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         a_off = cuda.local.array((KK, MI), nbt.int32)
         b_off = cuda.local.array((KK, NJ), nbt.int32)

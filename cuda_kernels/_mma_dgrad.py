@@ -17,7 +17,7 @@ from . import _conv
 from ._gemm import CONV_GEOMETRY
 from ._mma import cp_async_16, cp_async_commit, cp_async_wait
 from ._mma_conv import advance_tap
-from ._mma_tiles import (BK, CHUNK, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
                          make_warp_step, mma_kernel, mn_contiguous_bytes)
 from ._registry import H1, ZERO, flat, nbt
 
@@ -71,7 +71,7 @@ def make_dgrad(tile):
                 cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, w, src, valid)
 
     def conv2d_backward_data(dy, w, dx, geo):
-        smem = cuda.shared.array(SMEM_WORDS, nbt.float32)
+        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         a_off = cuda.local.array((KK, MI), nbt.int32)
         b_off = cuda.local.array((KK, NJ), nbt.int32)

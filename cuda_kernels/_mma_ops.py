@@ -1,9 +1,10 @@
 """The GEMM launchers of a plan by kernel family: ``GEMM_KERNELS[name]`` for ``kernels="mma" | "simt"``.
 
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
-"mma" runs the tensor-core kernels wherever they apply (groups 1, channels / features
-multiples of 8, which the planner's padding gives every layer but the network input) and
-the SIMT kernels elsewhere (depthwise, grouped, 3-channel stems); "simt" is the reference.
+"mma" runs the tensor-core kernels wherever they apply (groups 1; channels / features
+multiples of 8, which the planner's padding gives every layer but the network input, whose
+forward and weight gradient have any-channel variants) and the SIMT kernels elsewhere
+(depthwise, grouped); "simt" is the reference.
 """
 import math
 from types import MappingProxyType, SimpleNamespace
@@ -26,7 +27,9 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
     """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
     c_out, _, _, c_in = w.shape
-    if not (_gemm_ready(c_in, c_out, groups) and tuple(x.shape)[-1] == c_in):
+    # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
+    if not (_mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
+            and (dx is None or _gemm_ready(c_in, c_out, groups))):
         _conv.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
         return
     _mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad)

@@ -26,6 +26,9 @@ BK = 32
 STAGES = 3
 H200_SMS = 132
 CHUNK = 8   # fp16 per 16-byte cp.async / ldmatrix row
+# ldmatrix / cp.async / st.shared.v4 need 16-byte aligned shared addresses; numba aligns a float32
+# shared array to 4 bytes unless told (the simulator refuses the argument, and needs none)
+SMEM_ALIGN = None if SIMULATOR else 128
 
 
 @dataclass(frozen=True)

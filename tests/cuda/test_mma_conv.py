@@ -99,6 +99,8 @@ WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
     "1x1-c16-cout40-s2": (2, 7, 7, 16, 40, 1, 2, 0),     # Cout 40: partial M tile; 32 pixels
     "3x3-c24-s2-split": (2, 9, 9, 24, 8, 3, 2, 1),       # 50 pixels over 2 splits, partial last k-tile
     "7x7-c8-s2-p3": (1, 8, 8, 8, 8, 7, 2, 3),
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),     # any Cin: N = 147, columns cross taps
+    "3x3-c5-split": (2, 6, 6, 5, 8, 3, 1, 1),           # 72 pixels over 2 splits
 }
 
 
