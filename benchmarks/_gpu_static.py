@@ -9,21 +9,23 @@ import json
 from types import SimpleNamespace
 
 from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info
-from cuda_kernels._mma_tiles import BK, TILES
+from cuda_kernels._mma_tiles import BK, CHUNK, TILES
 
-from ._gpu_model import H200, blocks_per_sm
+from ._gpu_model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
 
 ARCHS = ((8, 0), (9, 0))
 
 
-def _steady_tflops(tile, shared_bytes, gpu=H200):
-    """Every SM busy, no edge tiles: the mma / shared-memory bound of one k-tile."""
+def _steady_tflops(tile, shared_bytes, scalar_staging, gpu=H200):
+    """Every SM busy, no edge tiles: the mma / shared-memory / scalar-staging bound of one k-tile."""
     resident = blocks_per_sm(tile, shared_bytes, gpu)
     flops = resident * 2.0 * tile.bm * tile.bn * BK
     t_mma = flops / (gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms)
     smem = (tile.threads // 32) * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
     t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    return gpu.sms * flops / max(t_mma, t_smem) / 1e12
+    chunks = (tile.bm + tile.bn) * BK // CHUNK
+    t_issue = resident * chunks / 32 * SCALAR_STAGING_INSTRUCTIONS / (4 * gpu.clock_hz) if scalar_staging else 0.0
+    return gpu.sms * flops / max(t_mma, t_smem, t_issue) / 1e12
 
 
 def static_records(archs=ARCHS):
@@ -51,7 +53,8 @@ def static_records(archs=ARCHS):
                 if info is not None:
                     record.update(registers=info.registers, spill_bytes=info.spill_stores + info.spill_loads,
                                   stack_bytes=info.stack_bytes, shared_bytes=info.shared_bytes,
-                                  predicted_tflops=round(_steady_tflops(tile, max(1, info.shared_bytes)), 1))
+                                  predicted_tflops=round(_steady_tflops(tile, max(1, info.shared_bytes),
+                                                                       "any_channels" in name), 1))
                 records.append(record)
         finally:
             dispatcher.get_current_device = original
