@@ -12,8 +12,9 @@ compares and subtractions (no division in the main loop). ``STAGES``-deep pipeli
                   issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
 
 The epilogue stores fp16 and either adds, for the BatchNorm that follows, per-channel sums
-and sums of squares of the stored values (the SIMT kernel's fusion), reduced in shared
-memory (the pipeline's, reused) before one atomic per channel and block; or adds an fp32
+and sums of squares of the stored values (the SIMT kernel's fusion), reduced in a fixed
+order in shared memory (the pipeline's, reused; no shared atomics, so a block's sums do
+not depend on thread timing) before one atomic per channel and block; or adds an fp32
 bias (the fully connected layer: a 1x1 convolution over one-pixel images).
 """
 import math
@@ -82,6 +83,10 @@ def make_conv_forward(tile, epilogue, any_channels=False):
     B_BASE = STAGES * A_STAGE
     SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    ROW_GROUPS = 8 * WARPS_M   # threads sharing an output column: lane >> 2 of each warp row
+    if 2 * ROW_GROUPS * BN > SMEM_WORDS:
+        raise ValueError(f"tile {tile.name}: the BN-statistics slots need {2 * ROW_GROUPS * BN} words of shared "
+                         f"memory, the pipeline has {SMEM_WORDS}")
     fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
     KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
@@ -175,10 +180,6 @@ def make_conv_forward(tile, epilogue, any_channels=False):
             warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
         wait_all()
         cuda.syncthreads()
-        if bn_stats:
-            for c in range(tid, 2 * BN, T):
-                smem[c] = ZERO
-            cuda.syncthreads()
         for ni in range(NI):
             for j in range(2):
                 col = warp_n * WTN + ni * 8 + (lane & 3) * 2 + j
@@ -194,14 +195,19 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                             y[row * c_out + n0 + col] = v
                             part += f32(v)
                             part_sq += f32(v) * f32(v)
-                if bn_stats:
-                    cuda.atomic.add(smem, col, part)
-                    cuda.atomic.add(smem, BN + col, part_sq)
+                if bn_stats:   # one slot per (row group, column): a fixed-order sum below
+                    group = warp_m * 8 + (lane >> 2)
+                    smem[group * BN + col] = part
+                    smem[(ROW_GROUPS + group) * BN + col] = part_sq
         if bn_stats:
             cuda.syncthreads()
             for c in range(tid, min(BN, gemm_n - n0), T):
-                cuda.atomic.add(sums, n0 + c, smem[c])
-                cuda.atomic.add(sumsq, n0 + c, smem[BN + c])
+                total, total_sq = ZERO, ZERO
+                for group in range(ROW_GROUPS):
+                    total += smem[group * BN + c]
+                    total_sq += smem[(ROW_GROUPS + group) * BN + c]
+                cuda.atomic.add(sums, n0 + c, total)
+                cuda.atomic.add(sumsq, n0 + c, total_sq)
 
     # the statistics / bias branches are pruned (constants), so unused arguments may have any type
     if bn_stats:
