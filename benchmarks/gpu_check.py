@@ -4,6 +4,7 @@
     python benchmarks/gpu_check.py --json gpu.jsonl            # everything (sized for an H200, under 8 minutes)
     python benchmarks/gpu_check.py --dry-run --quick --json out.jsonl   # CPU only (CI): no GPU, no simulator
     python benchmarks/gpu_check.py --only conv                 # kernel rows / step sections by name
+    python benchmarks/gpu_check.py --static --json k.jsonl     # tensor-core kernels: ptxas figures (no GPU)
 
 Every run first writes the versions record (Python, numpy, numba, numba-cuda, cuda-core,
 cuda-bindings, torch and its CUDA, driver, GPU name, SM count, clocks, planner build), then one
@@ -43,6 +44,7 @@ from benchmarks._gpu_step_common import (DEFAULT_BUDGET_S, SECTION_TITLES, STEP_
 from benchmarks._gpu_steps import step_check, step_replay  # noqa: E402
 from benchmarks._gpu_timing import step_timing, timing_targets  # noqa: E402
 from benchmarks._gpu_dry import dry_run  # noqa: E402
+from benchmarks._gpu_model import print_conv_predictions  # noqa: E402
 from cuda_kernels._graph import new_stream  # noqa: E402
 
 
@@ -89,6 +91,8 @@ def build_parser():
     """The command line (a new section adds its option here and its call in ``main``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU-side self-test; no GPU needed")
+    parser.add_argument("--static", action="store_true", help="tensor-core kernels: ptxas registers, spills, "
+                        "shared memory, mma per iteration, predicted TFLOP/s (no GPU; --json writes the records)")
     parser.add_argument("--quick", action="store_true", help=f"the first-run protocol ({QUICK_BUDGET_S} s budget, "
                         "compile time included): resnet20 check, graph vs eager, resnet18-cifar vs PyTorch, breakdown")
     parser.add_argument("--only", default="", help="run the kernel rows whose name contains this, and the step "
@@ -102,6 +106,9 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.static:   # tensor-core kernels, compiled only (benchmarks/_gpu_static.py)
+        from benchmarks._gpu_static import static_main
+        return static_main(args.json)
     if args.quick and args.only:
         raise SystemExit("gpu_check: --quick runs a fixed list of units; drop --only (or --quick)")
     started = time.time()
@@ -112,9 +119,11 @@ def main(argv=None):
         _versions(out, failures)
         if args.dry_run and args.quick:
             summary = dry_run_quick(out, failures)
+            print_conv_predictions()   # PREDICTED conv times, mma beside SIMT
         elif args.dry_run:
             with Unit(out, "dry-run", failures, status="dry"):
                 dry_run(args.only)
+            print_conv_predictions()
         elif not cuda.is_available():
             print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
             out.write("gpu", "not-run", reason="numba.cuda.is_available() is False")

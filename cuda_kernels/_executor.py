@@ -26,6 +26,7 @@ from planner.init import initial_parameters
 from ._arena import DeviceArena
 from ._elementwise import cast_f32_to_f16
 from ._graph import StepRunner, graph_support, new_stream, synchronize
+from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._ops import StepContext, record_op
 from ._optim import INIT_LOSS_SCALE
 from ._registry import SIMULATOR
@@ -63,6 +64,8 @@ class CudaExecutor(ExecutorBase):
     overflow fp16 is skipped and the scale halved, so early steps of small-batch runs may skip.
     ``separate_buffers``: every step-local tensor gets its own allocation instead of its planned
     arena offset; results must not change (a check of the memory plan, as on the CPU path).
+    ``kernels``: "mma" (tensor-core convolutions and fc layers, SIMT where they do not apply) or
+    "simt" (the reference kernels), so one GPU step can compare the two.
 
     >>> from blueprint import zoo                                  # doctest: +SKIP
     >>> from planner import ArchPlan
@@ -74,7 +77,8 @@ class CudaExecutor(ExecutorBase):
     """
 
     def __init__(self, plan, loss=None, optimizer=None, seed: int = 0, replay: str = "auto",
-                 init_loss_scale: float = INIT_LOSS_SCALE, separate_buffers: bool = False):
+                 init_loss_scale: float = INIT_LOSS_SCALE, separate_buffers: bool = False,
+                 kernels: str = DEFAULT_KERNELS):
         why = cuda_unavailable_reason()
         if why:
             raise RuntimeError(f"CudaExecutor: {why}")
@@ -87,6 +91,8 @@ class CudaExecutor(ExecutorBase):
             raise ValueError(f"CudaExecutor(init_loss_scale): expected a finite number > 0, got {init_loss_scale!r}")
         super().__init__(plan, loss, optimizer, seed)
         self._separate = separate_buffers
+        gemm_kernels(kernels)   # kernels: "mma" (tensor cores, SIMT where they do not apply) or "simt"
+        self.kernels = kernels
         self.replay = ("graph" if graph_support()[0] else "eager") if replay == "auto" else replay
         self.stream = new_stream()
         self.arena = DeviceArena(plan.memory.arena_bytes)
@@ -199,7 +205,7 @@ class CudaExecutor(ExecutorBase):
         if key not in self._runners:
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
-                              self.loss.smoothing, self.optimizer)
+                              self.loss.smoothing, self.optimizer, self.kernels)
             staging = Staging({name: views[self.plan.io[name]] for name in STEP_INPUTS[purpose]},
                               {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
 

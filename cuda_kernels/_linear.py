@@ -62,4 +62,9 @@ def linear_backward(launcher, x2d, w, dy, dx, dw, db, accumulate):
     conv2d_backward(launcher, _as_images(x2d), w.reshape(w.shape[0], 1, 1, w.shape[1]), _as_images(dy),
                     None if dx is None else _as_images(dx), dw, 1, 0, 1, accumulate)
     if db is not None:
-        launcher.launch(_linear_bias_grad, *grid_1d(db.size), dy.reshape(dy.size), db)
+        linear_bias_grad(launcher, dy, db)
+
+
+def linear_bias_grad(launcher, dy, db):
+    """``db = dy.sum(0)`` (fp32) of a ``(N, F)`` fp16 gradient."""
+    launcher.launch(_linear_bias_grad, *grid_1d(db.size), dy.reshape(dy.size), db)

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
 
-from . import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
+from . import _batchnorm, _elementwise, _loss, _optim, _pool
 from ._elementwise import ACTIVATION_SAVES_OUTPUT
+from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 
 BATCHNORM = ("bn2d", "bn1d")
 # what each primitive's backward reads of its forward values: "in" its input(s), "out" its output
@@ -72,8 +73,10 @@ class StepContext:
     seed: int
     smoothing: float
     optimizer: object
+    kernels: str = DEFAULT_KERNELS   # GEMM family of conv / fc layers: "mma" (tensor cores) or "simt"
 
     def __post_init__(self):
+        self.gemm = gemm_kernels(self.kernels)
         self.consumers = Counter(v for prim in self.plan.primitives for v in prim.inputs)
         self.positions = layer_positions(self.plan)
 
@@ -129,8 +132,9 @@ def _run_chain(launcher, ov, steps, mode, keep):
                     and following.prim.inputs[0] == prim.output):
                 sums = (ov.written(ov.tag(following.position) + "save_mean"),
                         ov.written(ov.tag(following.position) + "save_invstd"))
-            _conv.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, "weight", half=True), step.out,
-                                 prim.param("stride"), prim.param("padding"), prim.param("groups"), bn_sums=sums)
+            ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, "weight", half=True),
+                                       step.out, prim.param("stride"), prim.param("padding"), prim.param("groups"),
+                                       bn_sums=sums)
             if sums is not None:
                 following.sums_ready = True
             i += 1
@@ -186,8 +190,8 @@ def _forward_primitive(launcher, ov, step, mode):
     elif kind == "add":
         _elementwise.add_forward(launcher, x, step.inputs[1], y)
     elif kind == "fc":
-        _linear.linear_forward(launcher, as_2d(x), ov.param(step.position, "weight", half=True),
-                               ov.param(step.position, "bias"), y)
+        ov.ctx.gemm.linear_forward(launcher, as_2d(x), ov.param(step.position, "weight", half=True),
+                                   ov.param(step.position, "bias"), y)
     elif kind == "gap":
         _pool.gap_forward(launcher, x, y)
     elif kind == "flatten":
@@ -367,13 +371,13 @@ def _backward_primitive(launcher, ov, grads, values, position, prim):
         return
     dx, accumulate = grads.target(prim.inputs[0], "dx")
     if kind == "conv":
-        _conv.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, "weight", half=True), dy, dx,
-                              dparam("weight"), prim.param("stride"), prim.param("padding"), prim.param("groups"),
-                              accumulate)
+        ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, "weight", half=True), dy,
+                                    dx, dparam("weight"), prim.param("stride"), prim.param("padding"),
+                                    prim.param("groups"), accumulate)
     elif kind == "fc":
         x = values[prim.inputs[0]]
-        _linear.linear_backward(launcher, as_2d(x), ov.param(position, "weight", half=True), dy,
-                                None if dx is None else as_2d(dx), dparam("weight"), dparam("bias"), accumulate)
+        ov.ctx.gemm.linear_backward(launcher, as_2d(x), ov.param(position, "weight", half=True), dy,
+                                    None if dx is None else as_2d(dx), dparam("weight"), dparam("bias"), accumulate)
     elif kind in BATCHNORM:
         saved = ov.read(tag + "save_mean"), ov.read(tag + "save_invstd")
         _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, "weight"), *saved,

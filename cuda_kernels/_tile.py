@@ -7,8 +7,9 @@ linear layers, which are 1x1 convolutions) runs the same main loop: a block comp
 adds ``As[:, rows].T @ Bs[:, cols]`` into the thread's fp32 accumulator ``acc[TM, TN]``.
 ``tile_row(i)`` / ``tile_col(j)`` say which tile row / column ``acc[i, j]`` holds.
 
-A replacement (e.g. ``mma.sync.m16n8k16`` through an ``@intrinsic``, GPU only) must
-provide the same three functions with the same meaning; the simulator keeps this plain one.
+This SIMT tile is the reference (``CudaExecutor(kernels="simt")``) and runs what the
+tensor-core kernels (``_mma_conv`` / ``_mma_dgrad`` / ``_mma_wgrad``, chosen in ``_mma_ops``)
+do not take: grouped convolutions and channel counts that are not multiples of 8.
 """
 from numba import cuda
 

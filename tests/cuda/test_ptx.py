@@ -63,3 +63,74 @@ def test_kernel_compiles_for_sm90_without_fp64(name):
     assert ".target sm_90" in ptx
     assert str(return_type) == "none"
     assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
+
+
+# ---- tensor-core intrinsics (cuda_kernels._mma) ------------------------------------------------------------
+from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: E402
+                               ldmatrix_x4_trans, mma_m16n8k16, shared_address)
+from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info  # noqa: E402
+
+_WAIT_ALL = cp_async_wait(0)
+_NO_PTXAS = "ptxas (CUDA toolkit) is not on PATH: the PTX text is checked, its assembly is not"
+
+
+def _mma_probe(a, out):
+    smem = cuda.shared.array(1024, nbt.float32, alignment=16)
+    lane = cuda.threadIdx.x
+    cp_async_16(smem, lane * 16, a, lane * 8, lane < 20)
+    cp_async_commit()
+    _WAIT_ALL()
+    cuda.syncthreads()
+    r0, r1, r2, r3 = ldmatrix_x4(smem, (lane % 16) * 32)
+    t0, t1, t2, t3 = ldmatrix_x4_trans(smem, (lane % 16) * 32)
+    zero = np.float32(0)
+    d0, d1, d2, d3 = mma_m16n8k16(r0, r1, r2, r3, t0, t1, zero, zero, zero, zero)
+    out[lane] = d0 + d1 + d2 + d3 + nbt.float32(shared_address(smem, 0))
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)])
+def test_tensor_core_intrinsics_emit_their_ptx_and_assemble_without_spills(cc):
+    ptx, _ = cuda.compile_ptx(_mma_probe, (H1, nbt.Array(nbt.float32, 1, "C")), cc=cc)
+    counts = instruction_counts(ptx)
+    assert counts == {"mma": 1, "ldmatrix": 1, "ldmatrix_trans": 1, "cp_async": 1}, counts
+    assert "cp.async.commit_group;" in ptx and "cp.async.wait_group 0;" in ptx
+    # shared operands are 32-bit shared-window addresses (%r), the global source a 64-bit pointer (%rd)
+    assert re.search(r"ldmatrix[^\[]*\[%r\d+\]", ptx) and re.search(r"cp\.async\.cg\S* \[%r\d+\], \[%rd\d+\]", ptx)
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    info = ptxas_info(ptx, cc)
+    assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
+    assert 0 < info.registers <= 64 and info.shared_bytes == 4096, info
+
+
+# ---- tensor-core kernels: every row of MMA_KERNELS, sm_80 and sm_90 ------------------------------------------
+from cuda_kernels import _mma_kernels  # noqa: E402  (imports every tensor-core kernel module)
+from cuda_kernels._mma_static import STATIC_SHARED_LIMIT  # noqa: E402
+from cuda_kernels._mma_tiles import MMA_KERNELS, TILES  # noqa: E402
+
+REGISTERS_PER_SM = 65536
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)], ids=["sm80", "sm90"])
+@pytest.mark.parametrize("name", sorted(_mma_kernels.all_mma_kernels()))
+def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
+    spec = MMA_KERNELS[name]
+    tile = next(t for t in TILES if name.endswith("_" + t.name))
+    ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+    assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
+    # ldmatrix / cp.async / st.shared.v4 fault on addresses not 16-byte aligned
+    assert re.search(r"\.shared \.align (16|32|64|128) ", ptx), "the pipeline's shared array must be 16-byte aligned"
+    counts = instruction_counts(ptx)
+    assert counts["mma"] == tile.mi * tile.ni * 2, counts   # the main loop's k16 steps, unrolled once
+    assert counts["ldmatrix"] + counts["ldmatrix_trans"] > 0, counts
+    if "any_channels" in name:   # unaligned rows (stems): scalar loads and one st.shared.v4 per chunk
+        assert "st.shared.v4.b32" in ptx and counts["cp_async"] == (0 if "forward" in name else counts["cp_async"])
+    else:
+        assert counts["cp_async"] > 0, counts
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    info = ptxas_info(ptx, cc)
+    assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
+    assert info.registers <= 255 and info.shared_bytes <= STATIC_SHARED_LIMIT, info
+    blocks = REGISTERS_PER_SM // (info.registers * tile.threads)
+    assert blocks >= tile.design_blocks_per_sm, f"{name}: {info.registers} registers allow {blocks} blocks per SM"

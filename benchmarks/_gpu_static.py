@@ -1,0 +1,77 @@
+"""``gpu_check.py --static``: static facts of every tensor-core kernel, no GPU needed.
+
+One record per kernel and architecture (sm_80, sm_90): registers, spill bytes, stack bytes,
+static shared memory (``ptxas -v``), mma / ldmatrix / cp.async instructions per main-loop
+iteration (one warp; the loop body is emitted once), and the predicted steady-state TFLOP/s
+of its tile on an H200 (``_gpu_model``: a prediction, not a measurement).
+"""
+import json
+from types import SimpleNamespace
+
+from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info
+from cuda_kernels._mma_tiles import BK, CHUNK, TILES
+
+from ._gpu_model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
+
+ARCHS = ((8, 0), (9, 0))
+
+
+def _steady_tflops(tile, shared_bytes, scalar_staging, gpu=H200):
+    """Every SM busy, no edge tiles: the mma / shared-memory / scalar-staging bound of one k-tile."""
+    resident = blocks_per_sm(tile, shared_bytes, gpu)
+    flops = resident * 2.0 * tile.bm * tile.bn * BK
+    t_mma = flops / (gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms)
+    smem = (tile.threads // 32) * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
+    t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
+    chunks = (tile.bm + tile.bn) * BK // CHUNK
+    t_issue = resident * chunks / 32 * SCALAR_STAGING_INSTRUCTIONS / (4 * gpu.clock_hz) if scalar_staging else 0.0
+    return gpu.sms * flops / max(t_mma, t_smem, t_issue) / 1e12
+
+
+def static_records(archs=ARCHS):
+    """The records (dicts); needs ``numba.cuda.compile_ptx`` (not the simulator) and ``ptxas``."""
+    import numba.cuda.dispatcher as dispatcher
+    from numba import cuda
+
+    from cuda_kernels._mma_kernels import all_mma_kernels
+    records = []
+    for cc in archs:
+        # device functions compile for the "current" device: there is none, say which
+        original = dispatcher.get_current_device
+        dispatcher.get_current_device = lambda cc=cc: SimpleNamespace(compute_capability=cc)
+        try:
+            for name, spec in sorted(all_mma_kernels().items()):
+                tile = next(t for t in TILES if name.endswith("_" + t.name))
+                ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+                counts = instruction_counts(ptx)
+                info = ptxas_info(ptx, cc) if ptxas_available() else None
+                record = dict(name=name, arch=f"sm_{cc[0]}{cc[1]}", tile=tile.name, threads=tile.threads,
+                              mma_per_iteration_warp=counts["mma"],
+                              mma_per_iteration_block=counts["mma"] * tile.threads // 32,
+                              ldmatrix_per_iteration=counts["ldmatrix"] + counts["ldmatrix_trans"],
+                              cp_async_per_iteration=counts["cp_async"])
+                if info is not None:
+                    record.update(registers=info.registers, spill_bytes=info.spill_stores + info.spill_loads,
+                                  stack_bytes=info.stack_bytes, shared_bytes=info.shared_bytes,
+                                  predicted_tflops=round(_steady_tflops(tile, max(1, info.shared_bytes),
+                                                                       "any_channels" in name), 1))
+                records.append(record)
+        finally:
+            dispatcher.get_current_device = original
+    return records
+
+
+def static_main(json_path=None):
+    """Print the per-kernel table (and write ``json_path``); 0 when every kernel is free of spills."""
+    records = static_records()
+    if not ptxas_available():
+        print("ptxas is not on PATH: instruction counts only (no registers, spills or shared bytes)")
+    print(f"{'kernel':52s} {'arch':6s} {'regs':>4s} {'spill':>5s} {'smem':>6s} {'mma/it':>6s} {'pred TFLOP/s':>12s}")
+    for r in records:
+        print(f"{r['name']:52s} {r['arch']:6s} {r.get('registers', '-'):>4} {r.get('spill_bytes', '-'):>5} "
+              f"{r.get('shared_bytes', '-'):>6} {r['mma_per_iteration_block']:>6} {r.get('predicted_tflops', '-'):>12}")
+    print("predicted TFLOP/s: steady state on an H200, a model (benchmarks/_gpu_model.py), not a measurement")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(records, f, indent=1)
+    return 1 if any(r.get("spill_bytes", 0) or r.get("stack_bytes", 0) for r in records) else 0

@@ -1,0 +1,164 @@
+"""Tensor-core primitives as numba intrinsics: inline PTX through llvmlite ``ir.InlineAsm``.
+
+numba-cuda 0.30 has no wmma/mma API; each function here emits one PTX instruction (sm_80+).
+Under ``NUMBA_ENABLE_CUDASIM=1`` the same names are the Python twins of ``_mma_twins``,
+with the instructions' per-lane semantics, so the kernels built on them run in the simulator.
+
+Conventions: a ``b32`` register holding two fp16 is a ``uint32`` (low half = lower index);
+shared memory is addressed as ``(smem, byte_offset)`` with ``smem`` any 1-D shared array
+(the kernels use one float32 array for the whole pipeline and reuse it in the epilogue);
+global memory as ``(array, element_index)``.
+
+``mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3) -> (d0, d1, d2, d3)``
+    ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``: D(16x8 f32) = A(16x16 f16) @ B(16x8 f16) + C.
+    Fragments (PTX ISA "Matrix fragments for mma.m16n8k16", g = lane >> 2, t = lane % 4):
+    a0 = A[g, 2t:2t+2], a1 = A[g+8, 2t:2t+2], a2 = A[g, 2t+8:2t+10], a3 = A[g+8, 2t+8:2t+10];
+    b0 = B[2t:2t+2, g], b1 = B[2t+8:2t+10, g];
+    c0/d0 = C[g, 2t], c1 = C[g, 2t+1], c2 = C[g+8, 2t], c3 = C[g+8, 2t+1].
+
+``ldmatrix_x4(smem, byte_offset) -> (r0, r1, r2, r3)``, ``ldmatrix_x4_trans`` (same, ``.trans``)
+    ``ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16``: four 8x8 b16 matrices; lanes 8i..8i+7
+    give the (16-byte aligned) addresses of the 8 rows of matrix i. Lane l receives in ``ri``
+    M_i[l >> 2, 2(l % 4) : 2(l % 4) + 2] (``.trans``: M_i[2(l % 4), l >> 2] and M_i[2(l % 4) + 1, l >> 2]).
+    With M_i the row-major 8x8 blocks of an operand tile this yields the A / B fragments above.
+
+``cp_async_16(smem, byte_offset, src, index, valid)``, ``cp_async_commit()``, ``cp_async_wait(n)``
+    ``cp.async.cg.shared.global [dst], [src + 2 index], 16, valid ? 16 : 0``: an asynchronous 16-byte
+    copy (zero-filled when ``valid`` is 0, the padding of a convolution; ``src`` must still be a
+    valid pointer); ``cp.async.commit_group`` closes a group; ``cp_async_wait(n)`` returns the
+    device function ``cp.async.wait_group n`` (the copies of all but the newest ``n`` committed
+    groups are visible to this thread; a ``syncthreads`` makes them visible to the block).
+
+``shared_address(smem, byte_offset) -> uint32``: the 32-bit shared-window address (``cvta.to.shared``).
+
+``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
+``st_shared_v4(smem, byte_offset, r0, r1, r2, r3)`` (``st.shared.v4.b32``: 16 bytes, 16-byte
+aligned): a synchronous 16-byte chunk for operands whose rows are not 16-byte aligned.
+"""
+from llvmlite import ir
+from numba.cuda import types as nbt
+from numba.cuda.extending import intrinsic
+
+from ._registry import SIMULATOR
+
+_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+_SHARED = 3   # NVPTX address space of shared memory
+
+MMA_PTX = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+LDMATRIX_PTX = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+LDMATRIX_TRANS_PTX = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+CP_ASYNC_PTX = "cp.async.cg.shared.global"
+
+
+def _asm(builder, out_types, in_values, text, constraints):
+    """Call one inline-asm statement (volatile: never moved or merged) and return its outputs."""
+    ret = (ir.VoidType() if not out_types else out_types[0] if len(out_types) == 1
+           else ir.LiteralStructType(out_types))
+    fnty = ir.FunctionType(ret, [v.type for v in in_values])
+    result = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), in_values)
+    if len(out_types) > 1:
+        return [builder.extract_value(result, i) for i in range(len(out_types))]
+    return [result] if out_types else []
+
+
+def _shared_window(context, builder, arrty, array, byte_offset):
+    data = context.make_array(arrty)(context, builder, array).data
+    byte_ptr = builder.gep(builder.bitcast(data, _I8.as_pointer()), [byte_offset])
+    return builder.ptrtoint(builder.addrspacecast(byte_ptr, _I8.as_pointer(_SHARED)), _I32)
+
+
+@intrinsic
+def shared_address(typingctx, smem, byte_offset):
+    def codegen(context, builder, sig, args):
+        return _shared_window(context, builder, sig.args[0], args[0], args[1])
+    return nbt.uint32(smem, nbt.int32), codegen
+
+
+@intrinsic
+def _mma_m16n8k16(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    sig = nbt.UniTuple(nbt.float32, 4)(*([nbt.uint32] * 6 + [nbt.float32] * 4))
+
+    def codegen(context, builder, sig, args):
+        d = _asm(builder, [_F32] * 4, list(args),
+                 MMA_PTX + " {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};",
+                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+        return context.make_tuple(builder, sig.return_type, d)
+    return sig, codegen
+
+
+def _make_ldmatrix(ptx):
+    @intrinsic
+    def load(typingctx, smem, byte_offset):
+        sig = nbt.UniTuple(nbt.uint32, 4)(smem, nbt.int32)
+
+        def codegen(context, builder, sig, args):
+            address = _shared_window(context, builder, sig.args[0], args[0], args[1])
+            r = _asm(builder, [_I32] * 4, [address], ptx + " {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}")
+            return context.make_tuple(builder, sig.return_type, r)
+        return sig, codegen
+    return load
+
+
+@intrinsic
+def _cp_async_16(typingctx, smem, byte_offset, src, index, valid):
+    sig = nbt.void(smem, nbt.int32, src, nbt.int32, nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        dst = _shared_window(context, builder, sig.args[0], args[0], args[1])
+        data = context.make_array(sig.args[2])(context, builder, args[2]).data
+        gptr = builder.ptrtoint(builder.gep(data, [builder.sext(args[3], _I64)]), _I64)
+        src_bytes = builder.select(builder.icmp_signed("!=", args[4], ir.Constant(_I32, 0)),
+                                   ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+        _asm(builder, [], [dst, gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;", "r,l,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _cp_async_commit(typingctx):
+    def codegen(context, builder, sig, args):
+        _asm(builder, [], [], "cp.async.commit_group;", "~{memory}")
+        return context.get_dummy_value()
+    return nbt.void(), codegen
+
+
+def _cp_async_wait(pending):
+    @intrinsic
+    def wait_group(typingctx):
+        def codegen(context, builder, sig, args):
+            _asm(builder, [], [], f"cp.async.wait_group {int(pending)};", "~{memory}")
+            return context.get_dummy_value()
+        return nbt.void(), codegen
+    return wait_group
+
+
+@intrinsic
+def _pack_half2(typingctx, lo, hi):
+    def codegen(context, builder, sig, args):
+        i16 = ir.IntType(16)
+        low = builder.zext(builder.bitcast(args[0], i16), _I32)
+        high = builder.zext(builder.bitcast(args[1], i16), _I32)
+        return builder.or_(low, builder.shl(high, ir.Constant(_I32, 16)))
+    return nbt.uint32(nbt.float16, nbt.float16), codegen
+
+
+@intrinsic
+def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
+    sig = nbt.void(smem, nbt.int32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
+
+    def codegen(context, builder, sig, args):
+        address = _shared_window(context, builder, sig.args[0], args[0], args[1])
+        _asm(builder, [], [address] + list(args[2:]), "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+if SIMULATOR:
+    from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: F401
+                             ldmatrix_x4_trans, mma_m16n8k16, pack_half2_device as pack_half2, st_shared_v4)
+else:
+    pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
+    mma_m16n8k16 = _mma_m16n8k16
+    ldmatrix_x4 = _make_ldmatrix(LDMATRIX_PTX)
+    ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)
+    cp_async_16, cp_async_commit, cp_async_wait = _cp_async_16, _cp_async_commit, _cp_async_wait

@@ -1,0 +1,263 @@
+"""Tensor-core implicit-GEMM convolution forward (NHWC fp16, weights OHWI, fp32 accumulation).
+
+``y[pixel, n] = sum_k patch(x)[pixel, k] * w[n, k]`` with ``k = (kh, kw, ci)``, ``groups == 1``
+and ``Cin % 8 == 0`` (the planner pads channels to 8): a 16-byte chunk of ``k`` is 8 channels of
+one tap, one ``cp.async`` (zero-filled in the padding). Each thread stages fixed rows of the
+A tile (output pixels) and of the B tile (filters): their pixel origins are computed once
+per block, and the tap / channel of its chunk column advances by ``BK`` per k-tile with
+compares and subtractions (no division in the main loop). ``STAGES``-deep pipeline:
+
+    prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
+    iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
+                  issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
+
+The epilogue stores fp16 and either adds, for the BatchNorm that follows, per-channel sums
+and sums of squares of the stored values (the SIMT kernel's fusion), reduced in a fixed
+order in shared memory (the pipeline's, reused; no shared atomics, so a block's sums do
+not depend on thread timing) before one atomic per channel and block; or adds an fp32
+bias (the fully connected layer: a 1x1 convolution over one-pixel images).
+"""
+import math
+
+from numba import cuda
+
+from . import _conv
+from ._elementwise import fill_zero
+from ._gemm import CONV_GEOMETRY
+from ._mma import cp_async_16, cp_async_commit, cp_async_wait, pack_half2, st_shared_v4
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
+                         make_warp_step, mma_kernel)
+from ._registry import F1, H1, ZERO, flat, nbt
+
+f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
+_FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid
+
+
+@cuda.jit(device=True)
+def advance_tap(ci, kx, ky, c_in, kw_):
+    """Move a chunk's (channel, kw, kh) on by BK reduction elements (k = (kh, kw, ci))."""
+    ci += BK
+    while ci >= c_in:
+        ci -= c_in
+        kx += 1
+        if kx == kw_:
+            kx = 0
+            ky += 1
+    return ci, kx, ky
+
+
+EPILOGUES = ("plain", "bn_stats", "bias")
+
+
+@cuda.jit(device=True)
+def store_chunk(smem, byte_offset, v):
+    st_shared_v4(smem, byte_offset, pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                 pack_half2(v[6], v[7]))
+
+
+@cuda.jit(device=True)
+def patch_chunk(x, v, base, hh0, ww0, k, ci, kx, ky, geo):
+    """``v[:] =`` 8 consecutive k of one output pixel's patch, for any channel count (stems)."""
+    gemm_k, h_, w_, c_in, kw_ = geo[2], geo[4], geo[5], geo[6], geo[11]
+    for j in range(CHUNK):
+        hh, ww = hh0 + ky, ww0 + kx
+        valid = k + j < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
+        v[j] = x[base + (ky * w_ + kx) * c_in + ci] if valid else f16(ZERO)
+        ci += 1
+        if ci == c_in:
+            ci = 0
+            kx += 1
+            if kx == kw_:
+                kx = 0
+                ky += 1
+
+
+def make_conv_forward(tile, epilogue, any_channels=False):
+    """The forward kernel of ``tile``; ``any_channels``: rows of x and w need not be 16-byte aligned
+    (Cin % 8 != 0: the 3-channel stem), staged by 8 scalar loads and one ``st.shared.v4`` per chunk."""
+    bn_stats, bias = epilogue == "bn_stats", epilogue == "bias"
+    T, BM, BN = tile.threads, tile.bm, tile.bn
+    ROWS_PER_PASS = T // (BK // CHUNK)
+    A_LOADS, B_LOADS = math.ceil(BM / ROWS_PER_PASS), math.ceil(BN / ROWS_PER_PASS)
+    A_STAGE, B_STAGE = k_contiguous_bytes(BM), k_contiguous_bytes(BN)
+    B_BASE = STAGES * A_STAGE
+    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    ROW_GROUPS = 8 * WARPS_M   # threads sharing an output column: lane >> 2 of each warp row
+    if 2 * ROW_GROUPS * BN > SMEM_WORDS:
+        raise ValueError(f"tile {tile.name}: the BN-statistics slots need {2 * ROW_GROUPS * BN} words of shared "
+                         f"memory, the pipeline has {SMEM_WORDS}")
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
+    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
+    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
+
+    @cuda.jit(device=True)
+    def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo):
+        gemm_n, gemm_k, h_, w_, c_in = geo[1], geo[2], geo[4], geo[5], geo[6]
+        tid = cuda.threadIdx.x
+        chunk, row0 = tid & 3, tid >> 2
+        v = cuda.local.array(CHUNK, nbt.float16)
+        tap_offset = (ky * w_ + kx) * c_in + ci
+        for i in range(A_LOADS):
+            r = row0 + i * ROWS_PER_PASS
+            if r < BM:
+                if any_channels:
+                    patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, kx, ky, geo)
+                    store_chunk(smem, stage * A_STAGE + kc_offset(r, chunk), v)
+                else:
+                    hh, ww = a_h[i] + ky, a_w[i] + kx
+                    valid = k < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
+                    cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), x,
+                                a_base[i] + tap_offset if valid else i32(0), valid)
+        for i in range(B_LOADS):
+            r = row0 + i * ROWS_PER_PASS
+            if r < BN:
+                if any_channels:
+                    for j in range(CHUNK):
+                        v[j] = w[b_row[i] * gemm_k + k + j] if b_row[i] < gemm_n and k + j < gemm_k else f16(ZERO)
+                    store_chunk(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), v)
+                else:
+                    valid = b_row[i] < gemm_n and k < gemm_k
+                    cp_async_16(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), w,
+                                b_row[i] * gemm_k + k if valid else i32(0), valid)
+
+    @cuda.jit(device=True)
+    def forward(x, w, y, sums, sumsq, geo):
+        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
+        acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
+        a_base = cuda.local.array(A_LOADS, nbt.int32)
+        a_h = cuda.local.array(A_LOADS, nbt.int32)
+        a_w = cuda.local.array(A_LOADS, nbt.int32)
+        b_row = cuda.local.array(B_LOADS, nbt.int32)
+        gemm_m, gemm_n, gemm_k, h_, w_, c_in = geo[0], geo[1], geo[2], geo[4], geo[5], geo[6]
+        oh_, ow_, c_out, kw_, s, p = geo[7], geo[8], geo[9], geo[11], geo[12], geo[13]
+        tid = cuda.threadIdx.x
+        lane, warp = tid & 31, tid >> 5
+        warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
+        m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
+        for i in range(A_LOADS):   # this thread's output pixels: the only division of the kernel
+            m = m0 + (tid >> 2) + i * ROWS_PER_PASS
+            if m < gemm_m:
+                ow, t = m % ow_, m // ow_
+                oh, b = t % oh_, t // oh_
+                a_h[i], a_w[i] = oh * s - p, ow * s - p
+                a_base[i] = ((b * h_ + a_h[i]) * w_ + a_w[i]) * c_in
+            else:
+                a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
+        for i in range(B_LOADS):
+            b_row[i] = n0 + (tid >> 2) + i * ROWS_PER_PASS
+        for mi in range(MI):
+            for ni in range(NI):
+                for r in range(4):
+                    acc[mi, ni, r] = ZERO
+        k = i32((tid & 3) * CHUNK)
+        ci, kx, ky = k, i32(0), i32(0)
+        while ci >= c_in:
+            ci -= c_in
+            kx += 1
+            if kx == kw_:
+                kx = 0
+                ky += 1
+        tiles = (gemm_k + BK - 1) // BK
+        for stage in range(STAGES - 1):
+            if stage < tiles:
+                issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
+                k += BK
+                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
+            cp_async_commit()
+        for kt in range(tiles):
+            wait_stage()
+            cuda.syncthreads()
+            if kt + STAGES - 1 < tiles:
+                issue(smem, x, w, (kt + STAGES - 1) % STAGES, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
+                k += BK
+                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
+            cp_async_commit()
+            stage = kt % STAGES
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
+        wait_all()
+        cuda.syncthreads()
+        for ni in range(NI):
+            for j in range(2):
+                col = warp_n * WTN + ni * 8 + (lane & 3) * 2 + j
+                part, part_sq = ZERO, ZERO
+                for mi in range(MI):
+                    for half in range(2):
+                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
+                        if row < gemm_m and n0 + col < gemm_n:
+                            if bias:
+                                v = f16(acc[mi, ni, 2 * half + j] + sums[n0 + col])
+                            else:
+                                v = f16(acc[mi, ni, 2 * half + j])
+                            y[row * c_out + n0 + col] = v
+                            part += f32(v)
+                            part_sq += f32(v) * f32(v)
+                if bn_stats:   # one slot per (row group, column): a fixed-order sum below
+                    group = warp_m * 8 + (lane >> 2)
+                    smem[group * BN + col] = part
+                    smem[(ROW_GROUPS + group) * BN + col] = part_sq
+        if bn_stats:
+            cuda.syncthreads()
+            for c in range(tid, min(BN, gemm_n - n0), T):
+                total, total_sq = ZERO, ZERO
+                for group in range(ROW_GROUPS):
+                    total += smem[group * BN + c]
+                    total_sq += smem[(ROW_GROUPS + group) * BN + c]
+                cuda.atomic.add(sums, n0 + c, total)
+                cuda.atomic.add(sumsq, n0 + c, total_sq)
+
+    # the statistics / bias branches are pruned (constants), so unused arguments may have any type
+    if bn_stats:
+        def conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
+            forward(x, w, y, sums, sumsq, geo)
+        return conv2d_forward_bn_stats, (H1, H1, H1, F1, F1, CONV_GEOMETRY)
+    if bias:
+        def linear_forward_bias(x, w, bias, y, geo):
+            forward(x, w, y, bias, bias, geo)
+        return linear_forward_bias, (H1, H1, F1, H1, CONV_GEOMETRY)
+
+    def conv2d_forward(x, w, y, geo):
+        forward(x, w, y, y, y, geo)
+    return conv2d_forward, (H1, H1, H1, CONV_GEOMETRY)
+
+
+def _declare(tile, epilogue, any_channels=False):
+    pyfunc, signature = make_conv_forward(tile, epilogue, any_channels)
+    name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
+    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature)(pyfunc)
+
+
+FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}
+# stems (3 input channels): a block tile of 64 filters suffices (their Cout is 64 or less in the zoo)
+STEM_TILES = tuple(t for t in TILES if t.bn <= 64)
+FORWARD_ANY_CHANNELS = {(tile, epilogue): _declare(tile, epilogue, any_channels=True)
+                        for tile in STEM_TILES for epilogue in ("plain", "bn_stats")}
+
+
+def mma_supported(x_shape, w_shape, groups):
+    """Whether the tensor-core forward takes this convolution (else the SIMT one does)."""
+    return groups == 1 and w_shape[-1] == x_shape[-1]
+
+
+def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=None):
+    """``_conv.conv2d_forward`` on tensor cores where ``mma_supported``, else the SIMT kernel.
+    ``tile``: a block tile of ``TILES`` instead of ``choose_tile``'s (tests run GPU tiles in the simulator)."""
+    if not mma_supported(tuple(x.shape), tuple(w.shape), groups):
+        _conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)
+        return
+    c_out, kh, kw, c_in = w.shape
+    pixels = y.size // c_out
+    geo = _conv.conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw * c_in)
+    aligned = c_in % CHUNK == 0
+    tile = tile or choose_tile(pixels, c_out, None if aligned else STEM_TILES)
+    kernels = FORWARD if aligned else FORWARD_ANY_CHANNELS
+    grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
+    if bn_sums is None:
+        launcher.launch(kernels[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
+        return
+    fill_zero(launcher, bn_sums[0])
+    fill_zero(launcher, bn_sums[1])
+    launcher.launch(kernels[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)

@@ -1,0 +1,84 @@
+"""The GEMM launchers of a plan by kernel family: ``GEMM_KERNELS[name]`` for ``kernels="mma" | "simt"``.
+
+Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
+"mma" runs the tensor-core kernels wherever they apply (groups 1; channels / features
+multiples of 8, which the planner's padding gives every layer but the network input, whose
+forward and weight gradient have any-channel variants) and the SIMT kernels elsewhere
+(depthwise, grouped); "simt" is the reference.
+"""
+import math
+from types import MappingProxyType, SimpleNamespace
+
+from . import _conv, _linear, _mma_conv, _mma_dgrad, _mma_wgrad
+from ._mma_tiles import CHUNK, choose_tile
+from ._registry import flat
+
+DEFAULT_KERNELS = "mma"
+
+
+def _gemm_ready(c_in, c_out, groups):
+    return groups == 1 and c_in % CHUNK == 0 and c_out % CHUNK == 0
+
+
+def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
+    _mma_conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)   # falls back to SIMT itself
+
+
+def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
+    """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
+    c_out, _, _, c_in = w.shape
+    # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
+    if not (_mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
+            and (dx is None or _gemm_ready(c_in, c_out, groups))):
+        _conv.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
+        return
+    _mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad)
+    if dx is not None:
+        _mma_dgrad.conv2d_backward_data(launcher, w, dy, dx, stride, pad, accumulate)
+
+
+def _as_images(a2d):
+    return a2d.reshape(a2d.shape[0], 1, 1, a2d.shape[1])
+
+
+def linear_forward(launcher, x2d, w, b, y):
+    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None."""
+    n, f_in = x2d.shape
+    f_out = w.shape[0]
+    if not _gemm_ready(f_in, f_out, 1):
+        _linear.linear_forward(launcher, x2d, w, b, y)
+        return
+    w4 = w.reshape(f_out, 1, 1, f_in)
+    if b is None:
+        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1)
+        return
+    geo = _conv.conv_geometry((n, 1, 1, f_in), w4.shape, (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
+    tile = choose_tile(n, f_out)
+    grid = (math.ceil(n / tile.bm), math.ceil(f_out / tile.bn), 1)
+    launcher.launch(_mma_conv.FORWARD[tile, "bias"], grid, tile.threads, flat(x2d), flat(w), b, flat(y), geo)
+
+
+def linear_backward(launcher, x2d, w, dy, dx, dw, db, accumulate):
+    """``dx = dy @ w`` (fp16, or None; overwritten or accumulated), ``dw = dy.T @ x2d``, ``db = dy.sum(0)``."""
+    f_out, f_in = w.shape
+    if not _gemm_ready(f_in, f_out, 1):
+        _linear.linear_backward(launcher, x2d, w, dy, dx, dw, db, accumulate)
+        return
+    conv2d_backward(launcher, _as_images(x2d), w.reshape(f_out, 1, 1, f_in), _as_images(dy),
+                    None if dx is None else _as_images(dx), dw, 1, 0, 1, accumulate)
+    if db is not None:
+        _linear.linear_bias_grad(launcher, dy, db)
+
+
+MMA = SimpleNamespace(conv2d_forward=conv2d_forward, conv2d_backward=conv2d_backward,
+                      linear_forward=linear_forward, linear_backward=linear_backward)
+SIMT = SimpleNamespace(conv2d_forward=_conv.conv2d_forward, conv2d_backward=_conv.conv2d_backward,
+                       linear_forward=_linear.linear_forward, linear_backward=_linear.linear_backward)
+GEMM_KERNELS = MappingProxyType({"mma": MMA, "simt": SIMT})
+
+
+def gemm_kernels(name):
+    """The launcher family ``name``; raises ``ValueError`` naming the choices."""
+    if name not in GEMM_KERNELS:
+        raise ValueError(f"kernels: expected one of {sorted(GEMM_KERNELS)}, got {name!r}")
+    return GEMM_KERNELS[name]

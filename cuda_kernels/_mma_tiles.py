@@ -1,0 +1,180 @@
+"""Block tiles of the tensor-core GEMM kernels and the warp-level step they share.
+
+A block computes a ``bm x bn`` tile of ``C = A @ B`` with ``warps_m x warps_n`` warps, each
+owning a ``(bm / warps_m) x (bn / warps_n)`` warp tile of ``mi x ni`` m16n8 fragments; the
+reduction advances ``BK = 32`` at a time through a ``STAGES``-deep ``cp.async`` pipeline.
+
+Shared memory, one float32 array reused by the epilogue; per stage an A then a B tile:
+- K-contiguous operand (rows = m or n, 32 fp16 of k = four 16-byte chunks per row): chunk
+  ``c`` of row ``r`` sits at ``64 r + 16 (c ^ ((r >> 1) & 3))``. The 8 rows one ldmatrix
+  phase reads then fall on 8 distinct 16-byte bank groups (no conflicts), without padding,
+  so a 128x128 tile with 3 stages takes exactly the 48 KB of static shared memory.
+- MN-contiguous operand (rows = k, ``width`` fp16 of m or n per row, read with ``.trans``):
+  rows padded by 16 bytes; ``(width + 8) / 8`` is odd for every width here, so 8
+  consecutive rows hit 8 distinct bank groups.
+"""
+import inspect
+import math
+from dataclasses import dataclass
+
+from numba import cuda
+
+from ._mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
+from ._registry import SIMULATOR, KernelSpec, nbt
+
+BK = 32
+STAGES = 3
+H200_SMS = 132
+CHUNK = 8   # fp16 per 16-byte cp.async / ldmatrix row
+# ldmatrix / cp.async / st.shared.v4 need 16-byte aligned shared addresses; numba aligns a float32
+# shared array to 4 bytes unless told (the simulator refuses the argument, and needs none)
+SMEM_ALIGN = None if SIMULATOR else 128
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+
+    @property
+    def name(self):
+        return f"{self.bm}x{self.bn}x{BK}"
+
+    @property
+    def threads(self):
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def design_blocks_per_sm(self):
+        """Resident blocks per SM the tile is designed for (register budget: 65536 / (threads * blocks))."""
+        return 1 if self.threads >= 256 else 2
+
+    @property
+    def mi(self):
+        return self.bm // self.warps_m // 16
+
+    @property
+    def ni(self):
+        return self.bn // self.warps_n // 8
+
+    def __post_init__(self):
+        if self.bm % (16 * self.warps_m) or self.bn % (16 * self.warps_n):
+            raise ValueError(f"MmaTile {self.bm}x{self.bn}: warp tiles must be multiples of 16x16, "
+                             f"got {self.warps_m}x{self.warps_n} warps")
+
+
+# Widest first; ``choose_tile`` takes the first whose width fits and that fills the GPU.
+GPU_TILES = (MmaTile(128, 128, 2, 4), MmaTile(128, 64, 2, 2), MmaTile(64, 64, 2, 2),
+             MmaTile(128, 32, 4, 1), MmaTile(128, 16, 4, 1))
+# The simulator runs ~10k threads/s: two warps, a 32x16 tile (tests also run a GPU tile).
+SIM_TILE = MmaTile(32, 16, 2, 1)
+TILES = GPU_TILES + (SIM_TILE,)
+
+
+def choose_tile(m, n, tiles=None, min_blocks=H200_SMS):
+    """The block tile (of ``tiles``, default ``GPU_TILES``) for a GEMM of ``m x n`` outputs: none
+    larger than ``m`` / ``n`` need (no tile mostly padding), the largest that still gives
+    ``min_blocks`` blocks (a block per SM of an H200), else the smallest. A split reduction
+    fills the GPU by itself: the weight gradient asks for ``min_blocks=1``."""
+    if SIMULATOR:
+        return SIM_TILE
+
+    def cap(extent, least):
+        return max(least, 1 << max(0, math.ceil(math.log2(max(extent, 1)))))
+    candidates = [t for t in (tiles or GPU_TILES) if t in GPU_TILES]
+    fitting = [t for t in candidates if t.bn <= cap(n, 16) and t.bm <= cap(m, 64)] or sorted(
+        candidates, key=lambda t: (math.ceil(m / t.bm) * t.bm * math.ceil(n / t.bn) * t.bn, -t.bm * t.bn))[:1]
+    for tile in fitting:   # GPU_TILES is ordered by area, largest first
+        if math.ceil(m / tile.bm) * math.ceil(n / tile.bn) >= min_blocks:
+            return tile
+    return fitting[-1]
+
+
+def k_contiguous_bytes(rows):
+    return rows * BK * 2
+
+
+def mn_contiguous_bytes(width):
+    return BK * (width + CHUNK) * 2
+
+
+@cuda.jit(device=True)
+def kc_offset(row, chunk):
+    """Byte offset of 16-byte ``chunk`` of ``row`` in a swizzled K-contiguous tile."""
+    return row * (BK * 2) + ((chunk ^ ((row >> 1) & 3)) << 4)
+
+
+def make_warp_step(tile, a_trans, b_trans):
+    """``(fragment_offsets, warp_step)`` of a warp's ``mi x ni`` mma over one BK slice.
+
+    ``fragment_offsets(warp_m, warp_n, a_off, b_off)`` fills this lane's ldmatrix row offsets
+    (int32 ``(BK // 16, mi)`` and ``(BK // 16, ni // 2)`` bytes from a stage's A / B tile): they do
+    not change along the reduction, so the main loop only adds a stage's base. ``*_trans``: that
+    operand is stored MN-contiguous (rows = k) and read with ``ldmatrix.trans``.
+    ``warp_step(smem, a_base, b_base, a_off, b_off, acc)`` runs the slice whose tiles start at
+    bytes ``a_base`` / ``b_base``."""
+    MI, NI, KK = tile.mi, tile.ni, BK // 16
+    WTM, WTN = tile.bm // tile.warps_m, tile.bn // tile.warps_n
+    A_ROW, B_ROW = (tile.bm + CHUNK) * 2, (tile.bn + CHUNK) * 2
+    u32, i32 = nbt.uint32, nbt.int32
+
+    @cuda.jit(device=True)
+    def fragment_offsets(warp_m, warp_n, a_off, b_off):
+        lane = cuda.threadIdx.x & 31
+        for kk in range(KK):
+            for mi in range(MI):
+                m = warp_m * WTM + mi * 16
+                if a_trans:   # matrices: (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15) (m 8-15, k 8-15)
+                    k = kk * 16 + (lane & 7) + ((lane >> 4) << 3)
+                    a_off[kk, mi] = i32(k * A_ROW + (m + (((lane >> 3) & 1) << 3)) * 2)
+                else:
+                    a_off[kk, mi] = i32(kc_offset(m + (lane & 15), kk * 2 + (lane >> 4)))
+            for nj in range(NI // 2):
+                n = warp_n * WTN + nj * 16
+                if b_trans:   # matrices: (k 0-7, n 0-7) (k 8-15, n 0-7) (k 0-7, n 8-15) (k 8-15, n 8-15)
+                    k = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
+                    b_off[kk, nj] = i32(k * B_ROW + (n + ((lane >> 4) << 3)) * 2)
+                else:         # matrices: (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7) (n 8-15, k 8-15)
+                    b_off[kk, nj] = i32(kc_offset(n + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)))
+
+    @cuda.jit(device=True)
+    def warp_step(smem, a_base, b_base, a_off, b_off, acc):
+        af = cuda.local.array((MI, 4), u32)
+        bf = cuda.local.array((NI, 2), u32)
+        for kk in range(KK):
+            for mi in range(MI):
+                if a_trans:
+                    r = ldmatrix_x4_trans(smem, a_base + a_off[kk, mi])
+                else:
+                    r = ldmatrix_x4(smem, a_base + a_off[kk, mi])
+                af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3] = r[0], r[1], r[2], r[3]
+            for nj in range(NI // 2):
+                if b_trans:
+                    r = ldmatrix_x4_trans(smem, b_base + b_off[kk, nj])
+                else:
+                    r = ldmatrix_x4(smem, b_base + b_off[kk, nj])
+                bf[2 * nj, 0], bf[2 * nj, 1], bf[2 * nj + 1, 0], bf[2 * nj + 1, 1] = r[0], r[1], r[2], r[3]
+            for mi in range(MI):
+                for ni in range(NI):
+                    acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3] = mma_m16n8k16(
+                        af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3], bf[ni, 0], bf[ni, 1],
+                        acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3])
+    return fragment_offsets, warp_step
+
+
+# The tensor-core kernels' own table (``_registry.KERNELS`` holds the SIMT reference set, whose
+# simulator tests require every row launched; most tiles here only run on a GPU).
+MMA_KERNELS = {}
+
+
+def mma_kernel(name, signature):
+    """Like ``_registry.kernel``, into ``MMA_KERNELS``."""
+    def declare(pyfunc):
+        if name in MMA_KERNELS:
+            raise ValueError(f"mma_kernel: duplicate kernel name {name!r}")
+        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters))
+        MMA_KERNELS[name] = spec
+        return spec
+    return declare

@@ -1,0 +1,175 @@
+"""Tensor-core weight gradient: ``dw[co, k] = sum_pixel dy[pixel, co] * patch(x)[pixel, k]`` (fp32).
+
+GEMM with M = Cout, N = KH*KW*Cin, reduced over output pixels, split over ``blockIdx.z``
+(``_conv._reduction_split``) and added into ``dw`` (zeroed first) with fp32 atomics, as the
+SIMT kernel does. Both operands are contiguous along M / N (channels), so their tiles are
+stored with rows = pixels (padded rows, see ``_mma_tiles``) and read with ``ldmatrix.trans``.
+Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
+computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
+compares and subtractions; ``Cout % 8 == 0``; ``Cin % 8 != 0`` (stems) stages x by scalar loads.
+"""
+import math
+
+from numba import cuda
+
+from . import _conv
+from ._elementwise import fill_zero
+from ._gemm import CONV_GEOMETRY
+from ._mma import cp_async_16, cp_async_commit, cp_async_wait
+from ._mma_conv import store_chunk
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, make_warp_step, mma_kernel,
+                         mn_contiguous_bytes)
+from ._registry import F1, H1, ZERO, flat, nbt
+
+f16, i32 = nbt.float16, nbt.int32
+_FAR = -(1 << 24)   # a tap row that no pixel reaches: columns past N
+
+
+@cuda.jit(device=True)
+def advance_pixel(b, oh, ow, oh_, ow_):
+    ow += BK
+    while ow >= ow_:
+        ow -= ow_
+        oh += 1
+        if oh == oh_:
+            oh = 0
+            b += 1
+    return b, oh, ow
+
+
+def make_wgrad(tile, any_channels=False):
+    """The weight-gradient kernel of ``tile``; ``any_channels``: Cin % 8 != 0 (stems), the x tile
+    staged by scalar loads (each column's tap and channel computed once) and ``st.shared.v4``."""
+    T, BM, BN = tile.threads, tile.bm, tile.bn
+    A_CPR, B_CPR = BM // CHUNK, BN // CHUNK            # 16-byte chunks per smem row
+    A_RPP, B_RPP = T // A_CPR, T // B_CPR              # rows one pass of the block stages
+    A_LOADS, B_LOADS = math.ceil(BK / A_RPP), math.ceil(BK / B_RPP)
+    A_ROW, B_ROW = (BM + CHUNK) * 2, (BN + CHUNK) * 2
+    A_STAGE, B_STAGE = mn_contiguous_bytes(BM), mn_contiguous_bytes(BN)
+    B_BASE = STAGES * A_STAGE
+    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans=True, b_trans=True)
+    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
+    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
+
+    @cuda.jit(device=True)
+    def issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
+        h_, w_, c_in, c_out, s, p = geo[4], geo[5], geo[6], geo[9], geo[12], geo[13]
+        tid = cuda.threadIdx.x
+        v = cuda.local.array(CHUNK, nbt.float16)
+        for i in range(A_LOADS):
+            r = tid // A_CPR + i * A_RPP
+            if r < BK:
+                pix = p0 + r
+                valid = pix < p_end and co < geo[0]
+                cp_async_16(smem, stage * A_STAGE + r * A_ROW + (tid % A_CPR) * 16, dy,
+                            pix * c_out + co if valid else i32(0), valid)
+        for i in range(B_LOADS):
+            r = tid // B_CPR + i * B_RPP
+            if r < BK and any_channels:
+                for j in range(CHUNK):
+                    hh, ww = poh[i] * s - p + tkh[j], pow_[i] * s - p + tkw[j]
+                    valid = p0 + r < p_end and 0 <= hh < h_ and 0 <= ww < w_
+                    v[j] = x[((pb[i] * h_ + hh) * w_ + ww) * c_in + tci[j]] if valid else f16(ZERO)
+                store_chunk(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, v)
+            elif r < BK:
+                hh, ww = poh[i] * s - p + kh, pow_[i] * s - p + kw
+                valid = p0 + r < p_end and n_ok and 0 <= hh < h_ and 0 <= ww < w_
+                cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, x,
+                            ((pb[i] * h_ + hh) * w_ + ww) * c_in + ci if valid else i32(0), valid)
+
+    def conv2d_backward_weight(dy, x, dw, geo):
+        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
+        acc = cuda.local.array((MI, NI, 4), nbt.float32)
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
+        pb = cuda.local.array(B_LOADS, nbt.int32)
+        poh = cuda.local.array(B_LOADS, nbt.int32)
+        pow_ = cuda.local.array(B_LOADS, nbt.int32)
+        tkh = cuda.local.array(CHUNK, nbt.int32)   # any_channels: each column's tap and channel
+        tkw = cuda.local.array(CHUNK, nbt.int32)
+        tci = cuda.local.array(CHUNK, nbt.int32)
+        gemm_m, gemm_n, pixels, c_in, oh_, ow_, kw_, chunk = (geo[0], geo[1], geo[2], geo[6], geo[7], geo[8],
+                                                              geo[11], geo[15])
+        tid = cuda.threadIdx.x
+        lane, warp = tid & 31, tid >> 5
+        warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
+        m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
+        p0 = i32(cuda.blockIdx.z * chunk)
+        p_end = min(pixels, p0 + chunk)
+        co = m0 + (tid % A_CPR) * CHUNK
+        n = n0 + (tid % B_CPR) * CHUNK          # this thread's B chunk: fixed tap and channel
+        n_ok = n < gemm_n
+        ci, t = n % c_in, n // c_in
+        kw, kh = t % kw_, t // kw_
+        if any_channels:
+            for j in range(CHUNK):
+                tci[j], t = (n + j) % c_in, (n + j) // c_in
+                tkw[j], tkh[j] = t % kw_, (t // kw_ if n + j < gemm_n else i32(_FAR))
+        for i in range(B_LOADS):                # and its pixel rows, advanced by BK per k-tile
+            q = p0 + tid // B_CPR + i * B_RPP
+            pow_[i], t = q % ow_, q // ow_
+            poh[i], pb[i] = t % oh_, t // oh_
+        for mi in range(MI):
+            for ni in range(NI):
+                for r in range(4):
+                    acc[mi, ni, r] = ZERO
+        tiles = (p_end - p0 + BK - 1) // BK
+        for stage in range(STAGES - 1):
+            if stage < tiles:
+                issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
+                p0 += BK
+                for i in range(B_LOADS):
+                    pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], oh_, ow_)
+            cp_async_commit()
+        for kt in range(tiles):
+            wait_stage()
+            cuda.syncthreads()
+            if kt + STAGES - 1 < tiles:
+                issue(smem, dy, x, (kt + STAGES - 1) % STAGES, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw,
+                      tci, geo)
+                p0 += BK
+                for i in range(B_LOADS):
+                    pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], oh_, ow_)
+            cp_async_commit()
+            stage = kt % STAGES
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
+        wait_all()
+        for mi in range(MI):
+            for ni in range(NI):
+                for r in range(4):
+                    row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
+                    col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
+                    if row < gemm_m and col < gemm_n:
+                        cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
+    return conv2d_backward_weight
+
+
+WGRAD_SHARED_LIMIT = 48 * 1024
+WGRAD_TILES = tuple(t for t in TILES
+                    if STAGES * (mn_contiguous_bytes(t.bm) + mn_contiguous_bytes(t.bn)) <= WGRAD_SHARED_LIMIT)
+WGRAD = {(tile, any_channels): mma_kernel(
+    f"mma_conv2d_backward_weight{'_any_channels' if any_channels else ''}_{tile.name}",
+    (H1, H1, F1, CONV_GEOMETRY))(make_wgrad(tile, any_channels))
+    for tile in WGRAD_TILES for any_channels in (False, True)}
+
+
+def wgrad_supported(x_shape, w_shape, groups):
+    """Groups 1 and ``Cout % 8 == 0`` (dy is staged by cp.async); any Cin."""
+    return groups == 1 and w_shape[-1] == x_shape[-1] and w_shape[0] % CHUNK == 0
+
+
+def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
+    """``dw`` (fp32, overwritten) of a convolution ``wgrad_supported`` accepts."""
+    c_out, kh, kw, c_in = w.shape
+    pixels = dy.size // c_out
+    gemm_n = kh * kw * c_in
+    tile = tile or choose_tile(c_out, gemm_n, WGRAD_TILES, min_blocks=1)
+    tiles = math.ceil(c_out / tile.bm) * math.ceil(gemm_n / tile.bn)
+    splits, chunk = _conv._reduction_split(pixels, tiles, BK)
+    geo = _conv.conv_geometry(x.shape, w.shape, dy.shape, stride, pad, 1, c_out, gemm_n, pixels, chunk)
+    fill_zero(launcher, dw)
+    launcher.launch(WGRAD[tile, c_in % CHUNK != 0], (math.ceil(c_out / tile.bm), math.ceil(gemm_n / tile.bn), splits), tile.threads,
+                    flat(dy), flat(x), flat(dw), geo)

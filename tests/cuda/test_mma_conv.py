@@ -1,0 +1,196 @@
+"""Tensor-core convolution and linear kernels (``_mma_*``) against the numpy spec, in the simulator.
+
+Same conventions as test_kernels.py (fp16 inputs, float64 spec on those values, its
+tolerances). Shapes are tiny: the simulator runs ~10k threads/s and every mma / ldmatrix
+twin is two block barriers. The simulator tile is 32x16 (two warps); one row per kernel
+also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it covers.
+"""
+import zlib
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from cpu_ref import reference as ref
+from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
+from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
+from cuda_kernels._tape import LaunchTape
+
+TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5)}   # test_kernels.py's
+LAUNCHED = set()
+
+
+def half(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def garbage(shape, dtype):
+    return dev(np.full(shape, np.nan, dtype))
+
+
+def f64(a):
+    return np.asarray(a, np.float64)
+
+
+def run(record):
+    tape = LaunchTape()
+    record(tape)
+    tape.replay()
+    cuda.synchronize()
+    LAUNCHED.update(tape.names())
+
+
+def check(label, got, expected, tol):
+    got, expected = f64(got.copy_to_host()), f64(expected)
+    assert got.shape == expected.shape, f"{label}: shape {got.shape} != {expected.shape}"
+    rtol, atol_frac = TOLERANCES[tol]
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol_frac * float(np.abs(expected).max(initial=0.0)),
+                               err_msg=label)
+
+GPU_TILE_64 = MmaTile(64, 64, 2, 2)
+# (N, H, W, Cin, Cout, k, stride, pad): partial tiles in M (pixels % 32), N (Cout % 16) and K (% 32)
+FORWARD_CASES = {
+    "3x3-c8-partial-mnk": (1, 5, 5, 8, 12, 3, 1, 1),     # M 25, N 12, K 72: three k-tiles, all partial edges
+    "1x1-c8-k-shorter-than-stages": (2, 4, 3, 8, 16, 1, 1, 0),   # K 8: one k-tile, two empty prologue groups
+    "3x3-c16-s2": (1, 7, 7, 16, 20, 3, 2, 1),            # stride 2 with padding, two column tiles
+    "7x7-c24-s2-p3": (1, 6, 6, 24, 8, 7, 2, 3),          # K 1176 = 37 k-tiles; taps cross k-tiles mid-channel
+    "3x3-c8-batch2-nopad": (2, 5, 4, 8, 8, 3, 1, 0),
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),      # any channel count: K 147, unaligned rows
+    "3x3-c5": (2, 4, 4, 5, 8, 3, 1, 1),
+}
+
+
+def _forward(rng, config, with_stats, tile=None):
+    n, h, w_, cin, cout, k, s, p = FORWARD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    y_ref = ref.conv2d_forward(f64(x), f64(w), s, p, 1)
+    y = garbage(y_ref.shape, np.float16)
+    sums = (garbage(cout, np.float32), garbage(cout, np.float32)) if with_stats else None
+    run(lambda t: _mma_conv.conv2d_forward(t, dev(x), dev(w), y, s, p, 1, bn_sums=sums, tile=tile))
+    check("y", y, y_ref, "fp16")
+    if with_stats:
+        stored = f64(y.copy_to_host()).reshape(-1, cout)
+        check("sum", sums[0], stored.sum(0), "stats")
+        check("sum of squares", sums[1], (stored ** 2).sum(0), "stats")
+
+
+@pytest.mark.parametrize("config", sorted(FORWARD_CASES))
+@pytest.mark.parametrize("with_stats", [False, True], ids=["plain", "bn-stats"])
+def test_forward_matches_reference(request, config, with_stats):
+    _forward(np.random.default_rng(zlib.crc32(request.node.name.encode())), config, with_stats)
+
+
+def test_forward_on_a_gpu_tile():
+    _forward(np.random.default_rng(3), "3x3-c8-partial-mnk", True, tile=GPU_TILE_64)
+
+
+def test_the_forward_takes_any_channel_count_but_not_groups():
+    assert _mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
+    assert not _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
+
+
+# ---- weight gradient ------------------------------------------------------------------------------------------
+WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
+    "3x3-c8-cout16": (1, 5, 5, 8, 16, 3, 1, 1),          # 25 pixels: one partial k-tile; N = 72 partial
+    "1x1-c16-cout40-s2": (2, 7, 7, 16, 40, 1, 2, 0),     # Cout 40: partial M tile; 32 pixels
+    "3x3-c24-s2-split": (2, 9, 9, 24, 8, 3, 2, 1),       # 50 pixels over 2 splits, partial last k-tile
+    "7x7-c8-s2-p3": (1, 8, 8, 8, 8, 7, 2, 3),
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),     # any Cin: N = 147, columns cross taps
+    "3x3-c5-split": (2, 6, 6, 5, 8, 3, 1, 1),           # 72 pixels over 2 splits
+}
+
+
+def _wgrad(rng, config, tile=None):
+    n, h, w_, cin, cout, k, s, p = WGRAD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    y_shape = ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape
+    dy = half(rng, y_shape)
+    dw = garbage(w.shape, np.float32)
+    run(lambda t: _mma_wgrad.conv2d_backward_weight(t, dev(x), dev(w), dev(dy), dw, s, p, tile=tile))
+    _, dw_ref = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
+    check("dw", dw, dw_ref, "fp32")
+
+
+@pytest.mark.parametrize("config", sorted(WGRAD_CASES))
+def test_wgrad_matches_reference(request, config):
+    _wgrad(np.random.default_rng(zlib.crc32(request.node.name.encode())), config)
+
+
+def test_wgrad_on_a_gpu_tile():
+    _wgrad(np.random.default_rng(4), "3x3-c8-cout16", tile=GPU_TILE_64)
+
+
+# ---- input gradient ---------------------------------------------------------------------------------------------
+DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
+    "3x3-s1-p1": (1, 5, 6, 8, 16, 3, 1, 1, False),           # 30 pixels: partial M, K 144
+    "3x3-s2-p1-accumulate": (2, 7, 6, 16, 8, 3, 2, 1, True),  # four phase classes of unequal size
+    "1x1-s2": (1, 5, 5, 24, 8, 1, 2, 0, False),               # three classes no tap reaches: zeros
+    "7x7-s2-p3-c8": (1, 8, 7, 8, 8, 7, 2, 3, False),          # 12-16 taps per class, partial k-tiles
+}
+
+
+def _dgrad(rng, config, tile=None):
+    n, h, w_, cin, cout, k, s, p, accumulate = DGRAD_CASES[config]
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    dy = half(rng, ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape)
+    dx0 = half(rng, x.shape)
+    dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
+    run(lambda t: _mma_dgrad.conv2d_backward_data(t, dev(w), dev(dy), dx, s, p, accumulate, tile=tile))
+    dx_ref, _ = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+
+
+@pytest.mark.parametrize("config", sorted(DGRAD_CASES))
+def test_dgrad_matches_reference(request, config):
+    _dgrad(np.random.default_rng(zlib.crc32(request.node.name.encode())), config)
+
+
+def test_dgrad_on_a_gpu_tile():
+    _dgrad(np.random.default_rng(5), "3x3-s2-p1-accumulate", tile=GPU_TILE_64)
+
+
+# ---- fully connected (GapFc's fc too): the same engine through _mma_ops ---------------------------------------
+LINEAR_CASES = {  # (batch, in, out, bias, accumulate)
+    "bias": (5, 16, 24, True, False),              # partial M (5 rows) and N (24 of 32)
+    "no-bias-accumulate": (3, 40, 8, False, True),
+}
+
+
+@pytest.mark.parametrize("config", sorted(LINEAR_CASES))
+def test_linear_matches_reference(request, config):
+    rng = np.random.default_rng(zlib.crc32(request.node.name.encode()))
+    n, f_in, f_out, with_bias, accumulate = LINEAR_CASES[config]
+    x, w, dy, dx0 = half(rng, (n, f_in)), half(rng, (f_out, f_in), 0.5), half(rng, (n, f_out)), half(rng, (n, f_in))
+    b = rng.standard_normal(f_out).astype(np.float32) if with_bias else None
+    y, dw, db = garbage((n, f_out), np.float16), garbage(w.shape, np.float32), garbage(f_out, np.float32)
+    dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
+    ops = _mma_ops.gemm_kernels("mma")
+
+    def record(t):
+        ops.linear_forward(t, dev(x), dev(w), None if b is None else dev(b), y)
+        ops.linear_backward(t, dev(x), dev(w), dev(dy), dx, dw, db, accumulate)
+    run(record)
+    check("y", y, ref.linear_forward(f64(x), f64(w), None if b is None else f64(b)), "fp16")
+    dx_ref, dw_ref, db_ref = ref.linear_backward(f64(x), f64(w), f64(dy))
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+    check("dw", dw, dw_ref, "fp32")
+    check("db", db, db_ref, "fp32")
+    assert any(name.startswith("mma_") for name in LAUNCHED), "the tensor-core kernels did not run"
+
+
+def test_gemm_kernels_names_its_choices():
+    assert _mma_ops.gemm_kernels("simt").conv2d_forward is _conv.conv2d_forward
+    with pytest.raises(ValueError, match="expected one of \\['mma', 'simt'\\], got 'wmma'"):
+        _mma_ops.gemm_kernels("wmma")
+
+
+def test_every_simulator_tile_kernel_is_launched():
+    """Runs last (file order): every kernel of the simulator tile must have been launched by a case above."""
+    sim_kernels = {name for name in _mma_kernels.all_mma_kernels() if name.endswith(SIM_TILE.name)}
+    if not LAUNCHED:
+        pytest.skip("coverage is only known when the cases above ran")
+    assert sim_kernels <= LAUNCHED, f"never launched: {sorted(sim_kernels - LAUNCHED)}"

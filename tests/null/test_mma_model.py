@@ -1,0 +1,71 @@
+"""The tensor-core performance model of ``benchmarks/_gpu_model.py`` (predictions only; no GPU).
+
+Checks what the model must get right whatever its constants: the convolutions it walks, that no
+prediction beats the tensor-core peak it assumes, that a 3-channel stem is predicted with its
+scalar staging and without an input gradient, that the SIMT input gradient pays s^2, the tile
+choices, and that the printed table labels every figure a prediction.
+"""
+import pytest
+
+from benchmarks._gpu_model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions
+from benchmarks._gpu_step_common import resnet18_cifar_blueprint, zoo_model
+
+
+def test_resnet50_has_53_convolutions_at_the_torchvision_sizes():
+    shapes = conv_shapes(zoo_model("resnet50", 1000)(), 256, 224)
+    assert len(shapes) == 53
+    assert (shapes[0].hw, shapes[0].c_in, shapes[0].kernel, shapes[0].stride, shapes[0].first) == (224, 3, 7, 2, True)
+    assert [s.hw for s in shapes if s.kernel == 3] == [56] * 3 + [56] + [28] * 3 + [28] + [14] * 5 + [14] + [7] * 2
+    assert shapes[-1].out_hw == 7 and not any(s.first for s in shapes[1:])
+
+
+@pytest.mark.parametrize("shape", [ConvShape("c", 256, 56, 64, 64, 3, 1, 1), ConvShape("c", 512, 8, 256, 512, 3, 2, 1),
+                                   ConvShape("c", 64, 14, 1024, 2048, 1, 2, 0)])
+def test_no_prediction_beats_the_assumed_tensor_core_peak(shape):
+    for kind, (mma, simt) in predict_conv(shape).items():
+        assert 0 < mma.tflops <= H200.tensor_fp16_flops * H200.mma_sync_share / 1e12, kind
+        assert simt.seconds > mma.seconds, kind
+
+
+def test_stems_have_no_input_gradient_a_scalar_staged_forward_and_simt_dgrad_pays_stride_squared():
+    stem = predict_conv(ConvShape("stem", 8, 32, 3, 64, 7, 2, 3, first=True))
+    assert set(stem) == {"forward", "wgrad"} and stem["wgrad"][0].bound == "scalar staging"
+    aligned = predict_conv(ConvShape("stem", 8, 32, 8, 64, 7, 2, 3, first=True))
+    assert stem["forward"][0].bound == "scalar staging" and stem["forward"][0].tflops < aligned["forward"][0].tflops
+    strided = predict_conv(ConvShape("c", 8, 16, 64, 64, 3, 2, 1))
+    assert strided["dgrad"][1].seconds - H200.launch_s == pytest.approx(4 * (strided["forward"][1].seconds - H200.launch_s))
+
+
+def test_the_printed_table_labels_its_figures_predictions(capsys):
+    print_conv_predictions((("resnet18-cifar b64", resnet18_cifar_blueprint, 64, 32),))
+    out = capsys.readouterr().out
+    assert "PREDICTED" in out and "(prediction)" in out and "layer4.1.conv2" in out
+
+
+# ---- the tile table (GPU tiles: this tier runs without the simulator) ----------------------------------------
+from cuda_kernels._mma_dgrad import DGRAD_TILES  # noqa: E402
+from cuda_kernels._mma_tiles import MmaTile, choose_tile  # noqa: E402
+from cuda_kernels._mma_wgrad import WGRAD_TILES  # noqa: E402
+
+TILE_CHOICES = [  # (m, n, tiles, min_blocks, expected): no tile mostly padding, the GPU filled
+    (256 * 56 * 56, 256, None, 132, "128x128x32"),    # ResNet-50 layer1 1x1 expand
+    (256 * 56 * 56, 64, None, 132, "128x64x32"),      # 64-channel layers: no 128-wide tile
+    (512 * 32 * 32, 16, None, 132, "128x16x32"),      # 16-channel CIFAR layers
+    (512 * 16 * 16, 32, None, 132, "128x32x32"),
+    (2 * 14 * 14, 64, None, 132, "128x16x32"),        # no tile fills the GPU: the smallest (most blocks)
+    (64, 576, WGRAD_TILES, 1, "64x64x32"),            # wgrad: Cout 64, no 128-row tile; splits fill the GPU
+    (16, 16, WGRAD_TILES, 1, "128x16x32"),            # nothing fits: the least padded
+    (256 * 28 * 28, 512, DGRAD_TILES, 132, "128x64x32"),   # 128x128 needs more than 48 KB with .trans B
+]
+
+
+@pytest.mark.parametrize("m, n, tiles, min_blocks, expected", TILE_CHOICES)
+def test_choose_tile(m, n, tiles, min_blocks, expected):
+    tile = choose_tile(m, n, tiles, min_blocks=min_blocks)
+    assert tile.name == expected
+    assert tiles is None or tile in tiles
+
+
+def test_a_tile_whose_warps_do_not_divide_it_is_refused():
+    with pytest.raises(ValueError, match="warp tiles must be multiples of 16x16, got 4x4 warps"):
+        MmaTile(32, 32, 4, 4)
