@@ -5,6 +5,7 @@ the PyTorch twins of the timed models checked against those plans."""
 import math
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -44,14 +45,16 @@ class _TapeStandIn(DryLauncher):
 
     def __init__(self):
         super().__init__()
-        self.order = []
+        self.order, self.entries = [], []
 
     def launch(self, spec, grid, block, *args):
         super().launch(spec, grid, block, *args)
         self.order.append(("kernel", spec.name))
+        self.entries.append(SimpleNamespace(kind="kernel", name=spec.name, args=args, run=lambda stream: None))
 
     def add(self, entry):
         self.order.append((entry.kind, entry.name))
+        self.entries.append(SimpleNamespace(kind=entry.kind, name=entry.name, args=(), run=lambda stream: None))
 
     def __len__(self):
         return len(self.names)
@@ -95,7 +98,8 @@ def _patched(module, **names):
 
 
 def dry_record_train_step(plan, optimizer):
-    """``(kernel names, classes, [(kind, name)] of every tape entry)`` of ``plan``'s training step,
+    """``(kernel names, classes, [(kind, name)] of every tape entry, the entries)`` of ``plan``'s training
+    step (each entry has ``kind``, ``name``, the launch's ``args`` and a ``run`` that does nothing),
     recorded by ``CudaExecutor``'s own code (its constructor's views over a host arena, its
     ``_runner``) with the device-only pieces stood in for: no arena on a device, no initial weights
     written, a launcher that type-checks every launch against the kernel table instead of recording
@@ -121,7 +125,7 @@ def dry_record_train_step(plan, optimizer):
     first, last = kinds.index("kernel"), len(kinds) - 1 - kinds[::-1].index("kernel")
     assert set(kinds[:first]) == {"upload", "event"} and set(kinds[last + 1:]) == {"download", "event"}, \
         f"the recorded step's transfers are not all before/after its kernels: {order[:first + 1]} ... {order[last:]}"
-    return runner.tape.names, ex.classes, order
+    return runner.tape.names, ex.classes, order, runner.tape.entries
 
 
 def _fused_kinds(plan):
@@ -150,7 +154,7 @@ def dry_run_steps(only, used):
         started = time.time()
         plan = plans[name] = compile_step_plan(model)
         plan.verify()
-        names, classes, _ = dry_record_train_step(plan, sgd())
+        names, classes, _, _ = dry_record_train_step(plan, sgd())
         used.update(names)
         launches[name] = len(names)
         assert classes == model.classes, f"{name}: the plan has {classes} classes, the model says {model.classes}"
@@ -230,6 +234,9 @@ def dry_run(only):
             launcher = DryLauncher()
             case.record(launcher)
             used.update(launcher.names)
+            tensor_core = [n for n in launcher.names if n.startswith("mma_")]
+            assert bool(tensor_core) == name.endswith(" mma"), \
+                f"row {name!r}: launches {launcher.names}; an \" mma\" row must run tensor-core kernels, others none"
             outputs = ", ".join(f"{k}{tuple(v.shape)}" for k, v in case.outputs.items())
             print(f"  {name:28s} {len(launcher.names)} launches ({', '.join(dict.fromkeys(launcher.names))}) -> "
                   f"{outputs}; {case.bytes / 1e6:.1f} MB moved")

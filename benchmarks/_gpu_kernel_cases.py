@@ -7,7 +7,8 @@ import numpy as np
 from numba import cuda
 
 from cpu_ref import reference as ref
-from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
+from cuda_kernels import _batchnorm, _elementwise, _loss, _optim, _pool
+from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args
 
 CHECK_BATCH, TIMING_BATCH = 8, 256
@@ -77,7 +78,9 @@ def f32(a):
     return np.asarray(a, np.float32)
 
 
-def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with_stats=True):
+def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with_stats=True, kernels="simt"):
+    """One convolution through the plan-level launchers of ``kernels`` ("simt" | "mma", ``_mma_ops``)."""
+    family = gemm_kernels(kernels)
     (hx, x), (hw, wt) = mem.random(rng, (batch, h, w, cin), np.float16), mem.random(
         rng, (cout, k, k, cin // groups), np.float16, 1.0 / math.sqrt(k * k * cin / groups))
     oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
@@ -86,7 +89,7 @@ def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with
         y = mem.output((batch, oh, ow, cout), np.float16)
         sums = (mem.output(cout, np.float32), mem.output(cout, np.float32)) if with_stats else None
         expected = lambda: {"y": (ref.conv2d_forward(f32(hx), f32(hw), s, p, groups), "fp16")}  # noqa: E731
-        return Case(lambda t: _conv.conv2d_forward(t, x, wt, y, s, p, groups, bn_sums=sums), {"y": y}, expected,
+        return Case(lambda t: family.conv2d_forward(t, x, wt, y, s, p, groups, bn_sums=sums), {"y": y}, expected,
                     2 * macs, 2 * (x.size + wt.size + y.size))
     hdy, dy = mem.random(rng, (batch, oh, ow, cout), np.float16)
     dx, dw = mem.output((batch, h, w, cin), np.float16), mem.output(wt.shape, np.float32)
@@ -94,7 +97,7 @@ def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with
     def expected():
         rdx, rdw = ref.conv2d_backward(f32(hx), f32(hw), f32(hdy), s, p, groups)
         return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32")}
-    return Case(lambda t: _conv.conv2d_backward(t, x, wt, dy, dx, dw, s, p, groups, False), {"dx": dx, "dw": dw},
+    return Case(lambda t: family.conv2d_backward(t, x, wt, dy, dx, dw, s, p, groups, False), {"dx": dx, "dw": dw},
                 expected, 4 * macs, 2 * (2 * x.size + dy.size) + 6 * wt.size)
 
 
@@ -141,11 +144,12 @@ def dropout_case(mem, rng, n):
                 expected, 0, 5 * n)
 
 
-def linear_case(mem, rng, batch, f_in, f_out, direction):
+def linear_case(mem, rng, batch, f_in, f_out, direction, kernels="simt"):
+    family = gemm_kernels(kernels)
     (hx, x), (hw, w) = mem.random(rng, (batch, f_in), np.float16), mem.random(rng, (f_out, f_in), np.float16, 0.05)
     (hb, b), y = mem.random(rng, f_out, np.float32), mem.output((batch, f_out), np.float16)
     if direction == "fwd":
-        return Case(lambda t: _linear.linear_forward(t, x, w, b, y), {"y": y},
+        return Case(lambda t: family.linear_forward(t, x, w, b, y), {"y": y},
                     lambda: {"y": (ref.linear_forward(f32(hx), f32(hw), hb), "fp16")}, 2 * batch * f_in * f_out,
                     2 * (x.size + w.size + y.size))
     hdy, dy = mem.random(rng, (batch, f_out), np.float16)
@@ -155,7 +159,7 @@ def linear_case(mem, rng, batch, f_in, f_out, direction):
     def expected():
         rdx, rdw, rdb = ref.linear_backward(f32(hx), f32(hw), f32(hdy))
         return {"dx": (rdx, "fp16"), "dw": (rdw, "fp32"), "db": (rdb, "fp32")}
-    return Case(lambda t: _linear.linear_backward(t, x, w, dy, dx, dw, db, False), {"dx": dx, "dw": dw, "db": db},
+    return Case(lambda t: family.linear_backward(t, x, w, dy, dx, dw, db, False), {"dx": dx, "dw": dw, "db": db},
                 expected, 4 * batch * f_in * f_out, 2 * (2 * x.size + dy.size) + 8 * w.size)
 
 
@@ -299,21 +303,34 @@ CONV_SHAPES = {   # (H, W, Cin, Cout, k, stride, pad, groups): CIFAR ResNet, Ima
     "conv3x3-128-s2": (32, 32, 64, 128, 3, 2, 1, 1),
     "conv3x3-256": (8, 8, 256, 256, 3, 1, 1, 1),
     "conv1x1-256-1024": (14, 14, 256, 1024, 1, 1, 0, 1),
-    "depthwise3x3-144": (28, 28, 144, 144, 3, 1, 1, 144),
+    "depthwise3x3-144": (28, 28, 144, 144, 3, 1, 1, 144),   # 8-channel vectors
+    "depthwise3x3-36": (28, 28, 36, 36, 3, 1, 1, 36),       # 36 % 8 != 0: the one-element kernels
 }
 
 
+def conv_families(shape):
+    """The kernel families a convolution row runs with: both, unless grouped (SIMT only)."""
+    groups = shape[-1]
+    return ("simt",) if groups > 1 else tuple(GEMM_KERNELS)
+
+
 def table(batch):
-    """``name -> builder(mem, rng)`` for every row; ``batch`` scales the activations."""
+    """``name -> builder(mem, rng)`` for every row; ``batch`` scales the activations. Every convolution
+    and linear row runs once per kernel family (name suffix " simt" / " mma"), on the same shapes;
+    depthwise convolutions only as " simt" (the "mma" family hands them to the SIMT kernels)."""
     rows = {}
     for i, (name, shape) in enumerate(CONV_SHAPES.items()):   # every other forward with the BN-stats epilogue
-        rows[f"{name} fwd" + (" +stats" if i % 2 == 0 else "")] = lambda mem, rng, s=shape, st=i % 2 == 0: conv_case(
-            mem, rng, batch, *s, "fwd", st)
-        rows[f"{name} bwd"] = lambda mem, rng, s=shape: conv_case(mem, rng, batch, *s, "bwd")
+        for kernels in conv_families(shape):
+            rows[f"{name} fwd" + (" +stats" if i % 2 == 0 else "") + f" {kernels}"] = \
+                lambda mem, rng, s=shape, st=i % 2 == 0, kn=kernels: conv_case(mem, rng, batch, *s, "fwd", st, kn)
+            rows[f"{name} bwd {kernels}"] = lambda mem, rng, s=shape, kn=kernels: conv_case(
+                mem, rng, batch, *s, "bwd", kernels=kn)
     for direction in ("fwd", "bwd"):
         rows[f"batchnorm 64ch {direction}"] = lambda mem, rng, d=direction: batchnorm_case(
             mem, rng, batch * 32 * 32, 64, d)
-        rows[f"linear 512-1000 {direction}"] = lambda mem, rng, d=direction: linear_case(mem, rng, batch, 512, 1000, d)
+        for kernels in GEMM_KERNELS:
+            rows[f"linear 512-1000 {direction} {kernels}"] = lambda mem, rng, d=direction, kn=kernels: linear_case(
+                mem, rng, batch, 512, 1000, d, kn)
     rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, _elementwise.GELU)
     rows["dropout"] = lambda mem, rng: dropout_case(mem, rng, batch * 4096)
     rows["maxpool 3-2-1"] = lambda mem, rng: maxpool_case(mem, rng, batch, 32, 64)

@@ -84,7 +84,31 @@ def timing_table(rows, stream):
         print(f"  {name:28s} {seconds * 1e6:10.1f} {tflops:8.2f} {gbs:8.1f} {len(tape)}")
         report.append(dict(row=name, us=seconds * 1e6, tflops=tflops, gbs=gbs, launches=len(tape)))
         del case, tape
+    for line in compare_families(report):
+        print(line)
     return report
+
+
+FAMILIES = (" simt", " mma")
+
+
+def compare_families(report):
+    """Pair each " mma" row of a timing report with its " simt" twin (same shapes): adds
+    ``simt_us`` and ``speedup`` (simt time / mma time) to the mma row; returns the lines to print."""
+    by_name = {row["row"]: row for row in report}
+    lines = []
+    for row in report:
+        if not row["row"].endswith(FAMILIES[1]):
+            continue
+        base = row["row"][:-len(FAMILIES[1])]
+        simt = by_name.get(base + FAMILIES[0])
+        if simt is None:
+            continue
+        row.update(simt_us=simt["us"], speedup=simt["us"] / row["us"] if row["us"] else float("inf"))
+        if not lines:
+            lines.append(f"  {'same shapes, kernels=':28s} {'simt us':>10s} {'mma us':>10s} {'simt/mma':>8s}")
+        lines.append(f"  {base:28s} {simt['us']:10.1f} {row['us']:10.1f} {row['speedup']:8.2f}")
+    return lines
 
 
 def graph_case(mem):

@@ -14,6 +14,9 @@ stand-in events (labelled), and the estimate of the GPU run is printed."""
 import time
 from types import SimpleNamespace
 
+from cuda_kernels._registry import SIMULATOR
+
+from ._gpu_layers import format_layers, per_layer
 from ._gpu_protocol import (Unit, format_breakdown, paste_line, summed_by_kind, timed_replay, versions_line,
                             versions_record)
 from ._gpu_step_common import (CHECK_MODELS, MIB, REPLAY_MODELS, REPLAY_STEPS, SECTION_RESERVE_S, TIMED_S,
@@ -156,13 +159,33 @@ def _gpu_breakdown(model, CudaExecutor):
         ex.train_step(x, y, TIMING_LR)          # records the step, loads every kernel
     key = next(k for k in ex._runners if k[1] == "train")
     ex._staging[key].begin({"input": x, "labels": y, "lr": TIMING_LR})
-    timed = timed_replay(list(ex._runners[key].tape), ex.stream, cuda.event)
+    entries = list(ex._runners[key].tape)
+    # the simulator's events time nothing (elapsed_time is -1): its launches are synchronous, so a host clock
+    # around each one stands in there, labelled so
+    timed = timed_replay(entries, ex.stream, HostClockEvent if SIMULATOR else cuda.event)
     rows = summed_by_kind(timed)
-    print(format_breakdown(rows, f"{model.label}, eager replay, CUDA events around each entry"))
+    label = (f"{model.label}: STAND-IN times, a host clock around the CUDA simulator's launches, not a GPU's"
+             if SIMULATOR else f"{model.label}, eager replay, CUDA events around each entry")
+    print(format_breakdown(rows, label))
+    layers = per_layer(entries, timed)
+    print(format_layers(layers, label))
     del ex
     release_device_memory()
     return {"rows": [dict(name=n, launches=c, ms=ms, share=share) for n, c, ms, share in rows],
-            "step_ms": sum(ms for _, _, ms in timed)}
+            "step_ms": sum(ms for _, _, ms in timed), "label": label, "layers": layers, "layers_label": label}
+
+
+class HostClockEvent:
+    """A CUDA event's stand-in for the simulator, whose launches run to completion before they return."""
+
+    def record(self, stream=0):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return (other.at - self.at) * 1e3
 
 
 # ---- the dry run -----------------------------------------------------------------------------------------
@@ -172,7 +195,7 @@ def dry_run_quick(out, failures):
     from ._gpu_dry import _EventStandIn, dry_record_train_step, dry_run_torch
     measured = {}
     measured["compile"] = _compile(out, failures, dry=True)
-    plans, launches, orders = {}, {}, {}
+    plans, launches, orders, entries = {}, {}, {}, {}
     for name, model in ((f"step-check {QUICK_CHECK.name}", QUICK_CHECK),
                         (f"graph-vs-eager {QUICK_REPLAY.name}", QUICK_REPLAY),
                         (f"step-timing {QUICK_TIMING.name}", QUICK_TIMING)):
@@ -180,7 +203,7 @@ def dry_run_quick(out, failures):
             started = time.perf_counter()
             plan = plans[model.name] = compile_step_plan(model)
             plan.verify()
-            names, _, orders[model.name] = dry_record_train_step(plan, sgd())
+            names, _, orders[model.name], entries[model.name] = dry_record_train_step(plan, sgd())
             launches[model.name] = len(names)
             measured[f"record {model.name}"] = time.perf_counter() - started
             print(f"  {model.label}: plan compiled and verified, training step recorded: {len(names)} kernels, "
@@ -191,13 +214,17 @@ def dry_run_quick(out, failures):
             if name.startswith("step-timing"):
                 dry_run_torch([model], plans, launches)
     with Unit(out, f"breakdown {QUICK_TIMING.name}", failures, status="dry") as unit:
-        entries = [SimpleNamespace(kind=kind, name=entry, run=lambda stream: None)
-                   for kind, entry in orders[QUICK_TIMING.name]]
-        rows = summed_by_kind(timed_replay(entries, None, _EventStandIn))
+        step = entries[QUICK_TIMING.name]
+        timed = timed_replay(step, None, _EventStandIn)
+        rows = summed_by_kind(timed)
         label = ("STAND-IN: no device in the dry run; the entries are the recorded step's, every time is 0 "
                  "(timed_replay with stand-in events)")
         print(format_breakdown(rows, label))
-        unit.fields.update(label=label, rows=[dict(name=n, launches=c) for n, c, _, _ in rows])
+        layers = per_layer(step, timed)
+        layers_label = "STAND-IN: no device in the dry run, every measured time is 0; the predictions are the model's"
+        print(format_layers(layers, layers_label))
+        unit.fields.update(label=label, rows=[dict(name=n, launches=c) for n, c, _, _ in rows],
+                           layers_label=layers_label, layers=layers)
     out.write(f"torch.compile {QUICK_TIMING.name}", "not-run", reason="dry run (minutes of compiling on a CPU)")
     estimate = quick_estimate(measured)
     for line in estimate["lines"]:

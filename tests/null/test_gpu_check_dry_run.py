@@ -66,6 +66,17 @@ def test_dry_run_names_every_section_and_model(dry_run):
     assert not missing, f"the dry run's output does not name {missing}:\n{out[-3000:]}"
 
 
+def test_dry_run_runs_every_gemm_row_with_both_kernel_families(dry_run):
+    """Issue 12: the conv / linear rows run ``kernels="mma"`` and ``"simt"`` on the same shapes."""
+    out = dry_run.stdout
+    for row in ["conv3x3-64 fwd +stats", "conv3x3-128-s2 bwd", "conv1x1-256-1024 fwd", "linear 512-1000 fwd",
+                "linear 512-1000 bwd"]:
+        mma = re.search(rf"^  {re.escape(row)} mma +\d+ launches \(([^)]*)\)", out, re.M)
+        simt = re.search(rf"^  {re.escape(row)} simt +\d+ launches \(([^)]*)\)", out, re.M)
+        assert mma and simt, f"row {row!r} lacks its mma or simt twin in the dry run's output"
+        assert "mma_" in mma.group(1) and "mma_" not in simt.group(1), (mma.group(1), simt.group(1))
+
+
 def test_dry_run_prints_the_timing_table_with_every_measurement(dry_run):
     out = dry_run.stdout
     for row in ["ours: eager tape replay", "ours: CUDA graph replay", "ours: graph, via train_step()",
@@ -88,6 +99,13 @@ def test_quick_dry_run_writes_one_record_per_unit_versions_first(quick):
     breakdown = records[5]
     assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 200
     assert {"(uploads)", "(downloads)", "sgd_step"} <= {r["name"] for r in breakdown["rows"]}
+    # issue 12: every convolution / linear pass of the step joined with its prediction (stand-in times: none)
+    layers = {(r["layer"], r["pass"]): r for r in breakdown["layers"]}
+    assert "STAND-IN" in breakdown["layers_label"] and len(layers) == 62   # 20 convs x 3 - stem dgrad + fc x 3
+    assert all(r["predicted_ms"] > 0 and r["measured_ms"] == 0 and r["ratio"] is None for r in layers.values())
+    assert layers["conv 3>64 k3s1 32px #0", "wgrad"]["kernels"][0].startswith("mma_conv2d_backward_weight_any")
+    assert ("conv 3>64 k3s1 32px #0", "dgrad") not in layers
+    assert layers["conv 512>512 k3s1 4px #2", "dgrad"]["kernels"][0].startswith("mma_conv2d_backward_data")
 
 
 def test_quick_dry_run_prints_the_estimate_and_ends_with_the_paste_line(quick):

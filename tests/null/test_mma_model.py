@@ -69,3 +69,62 @@ def test_choose_tile(m, n, tiles, min_blocks, expected):
 def test_a_tile_whose_warps_do_not_divide_it_is_refused():
     with pytest.raises(ValueError, match="warp tiles must be multiples of 16x16, got 4x4 warps"):
         MmaTile(32, 32, 4, 4)
+
+
+# ---- measured vs predicted per layer (gpu_check --quick's breakdown), on hand-made entries -------------------
+from types import SimpleNamespace  # noqa: E402
+
+from benchmarks._gpu_kernels import compare_families  # noqa: E402
+from benchmarks._gpu_layers import per_layer  # noqa: E402
+from cuda_kernels._gemm import GEOMETRY_FIELDS  # noqa: E402
+
+
+def _launch(name, batch, hw, c_in, c_out, k, s, p, groups=1):
+    out = (hw + 2 * p - k) // s + 1
+    g = dict(gemm_m=0, gemm_n=0, gemm_k=0, batch=batch, h=hw, w=hw, c_in=c_in, oh=out, ow=out, c_out=c_out, kh=k,
+             kw=k, stride=s, pad=p, groups=groups, k_chunk=0, accumulate=0)
+    return SimpleNamespace(kind="kernel", name=name, args=("x", "w", tuple(g[f] for f in GEOMETRY_FIELDS)))
+
+
+def test_per_layer_joins_each_pass_of_each_layer_with_its_prediction():
+    a, b = (8, 16, 64, 64, 3, 1, 1), (8, 16, 64, 128, 1, 2, 0)
+    entries = [SimpleNamespace(kind="upload", name="input", args=()),
+               _launch("mma_conv2d_forward_64x64x32", *a), SimpleNamespace(kind="kernel", name="fill_zero_u32",
+                                                                            args=("sums",)),
+               _launch("mma_conv2d_forward_bn_stats_64x64x32", *a), _launch("conv2d_forward", *b),
+               _launch("depthwise_forward", 8, 16, 64, 64, 3, 1, 1, groups=64),
+               _launch("conv2d_backward_weight", *b), _launch("mma_conv2d_backward_weight_64x64x32", *a),
+               _launch("mma_conv2d_backward_data_128x64x32", *a),
+               _launch("mma_conv2d_backward_weight_64x64x32", *a), _launch("mma_conv2d_backward_data_128x64x32", *a)]
+    timed = [(e.kind, e.name, float(i + 1)) for i, e in enumerate(entries)]   # entry i took i+1 ms
+    rows = {(r["layer"], r["pass"]): r for r in per_layer(entries, timed)}
+    assert set(rows) == {("conv 64>64 k3s1 16px #0", "forward"), ("conv 64>64 k3s1 16px #1", "forward"),
+                         ("conv 64>128 k1s2 16px #0", "forward"), ("dwconv 64>64 k3s1 16px #0", "forward"),
+                         ("conv 64>128 k1s2 16px #0", "wgrad"), ("conv 64>64 k3s1 16px #1", "wgrad"),
+                         ("conv 64>64 k3s1 16px #1", "dgrad"), ("conv 64>64 k3s1 16px #0", "wgrad"),
+                         ("conv 64>64 k3s1 16px #0", "dgrad")}
+    # backward runs the layers last-first: the first wgrad launch of shape a is layer #1's
+    assert rows["conv 64>64 k3s1 16px #1", "wgrad"]["measured_ms"] == 8.0
+    assert rows["conv 64>64 k3s1 16px #0", "dgrad"]["measured_ms"] == 11.0
+    mma = predict_conv(ConvShape("", 8, 16, 64, 64, 3, 1, 1))
+    layer = rows["conv 64>64 k3s1 16px #0", "forward"]
+    assert layer["predicted_ms"] == pytest.approx(mma["forward"][0].seconds * 1e3)
+    assert layer["ratio"] == pytest.approx(2.0 / layer["predicted_ms"])
+    simt = rows["conv 64>128 k1s2 16px #0", "wgrad"]   # a SIMT kernel is set beside the SIMT prediction;
+    expected = predict_conv(ConvShape("", 8, 16, 64, 128, 1, 2, 0, first=True))["wgrad"][1]   # no dgrad: first
+    assert simt["predicted_ms"] == pytest.approx(expected.seconds * 1e3) and simt["bound"] == "issue"
+    assert rows["dwconv 64>64 k3s1 16px #0", "forward"]["predicted_ms"] is None   # grouped: no model
+
+
+def test_a_geometry_kernel_with_no_known_pass_is_refused():
+    with pytest.raises(ValueError, match="add its pass to PASSES"):
+        per_layer([_launch("conv2d_mystery", 8, 16, 64, 64, 3, 1, 1)], [("kernel", "conv2d_mystery", 1.0)])
+
+
+def test_compare_families_pairs_mma_rows_with_their_simt_twins():
+    report = [dict(row="conv3x3-64 fwd mma", us=10.0), dict(row="conv3x3-64 fwd simt", us=250.0),
+              dict(row="depthwise3x3-144 fwd simt", us=5.0), dict(row="linear 512-1000 bwd mma", us=4.0)]
+    lines = compare_families(report)
+    assert report[0]["speedup"] == 25.0 and report[0]["simt_us"] == 250.0
+    assert "speedup" not in report[3] and "speedup" not in report[1]   # no simt twin; simt rows unchanged
+    assert len(lines) == 2 and lines[1].split()[-1] == "25.00"
