@@ -8,12 +8,14 @@ With ``M = N*OH*OW`` output pixels, ``K = KH*KW*Cin_g`` and group ``g``:
                    with the pixel reduction split over ``blockIdx.z`` and fp32 atomics.
 The forward may accumulate per-channel sum / sum of squares of the stored fp16 output for
 the BatchNorm that follows (``bn_sums``), the fusion of DESIGN.md §5. No im2col buffer.
-Depthwise (``groups == Cin == Cout``) runs direct kernels, one thread per element.
+Depthwise (``groups == Cin == Cout``) runs direct kernels: 8 channels per thread with 16-byte
+vectors where ``C % 8 == 0`` (``_depthwise``), else one thread per element.
 """
 import math
 
 from numba import cuda
 
+from . import _depthwise
 from ._batchnorm import batchnorm_stats
 from ._elementwise import fill_zero
 from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
@@ -260,7 +262,11 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
     pixels = y.size // c_out
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
         geo = conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw)
-        launcher.launch(_depthwise_forward, *grid_1d(y.size), flat(x), flat(w), flat(y), geo)
+        if _depthwise.vectorisable(c_out, x, y):
+            launcher.launch(_depthwise.forward_vec8, *grid_1d(y.size // _depthwise.VEC), flat(x), flat(w), flat(y),
+                            geo)
+        else:
+            launcher.launch(_depthwise_forward, *grid_1d(y.size), flat(x), flat(w), flat(y), geo)
         if bn_sums is not None:
             batchnorm_stats(launcher, y, *bn_sums)
         return
@@ -280,15 +286,20 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     pixels_out = dy.size // c_out
     fill_zero(launcher, dw)
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
-        blocks = math.ceil(dw.size / DEPTHWISE_WEIGHT_THREADS)
+        vec = _depthwise.VEC if _depthwise.vectorisable(c_out, x, dy) else 1
+        blocks = math.ceil(dw.size / vec / DEPTHWISE_WEIGHT_THREADS)
         splits, chunk = _reduction_split(pixels_out, blocks, 64)
         geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, chunk)
-        launcher.launch(_depthwise_backward_weight, (blocks, splits), DEPTHWISE_WEIGHT_THREADS,
-                        flat(dy), flat(x), flat(dw), geo)
+        launcher.launch(_depthwise.backward_weight_vec8 if vec > 1 else _depthwise_backward_weight, (blocks, splits),
+                        DEPTHWISE_WEIGHT_THREADS, flat(dy), flat(x), flat(dw), geo)
         if dx is not None:
             geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, 0,
                                 accumulate)
-            launcher.launch(_depthwise_backward_data, *grid_1d(dx.size), flat(dy), flat(w), flat(dx), geo)
+            if _depthwise.vectorisable(c_out, dy, dx):
+                launcher.launch(_depthwise.backward_data_vec8, *grid_1d(dx.size // _depthwise.VEC), flat(dy),
+                                flat(w), flat(dx), geo)
+            else:
+                launcher.launch(_depthwise_backward_data, *grid_1d(dx.size), flat(dy), flat(w), flat(dx), geo)
         return
     cout_g = c_out // groups
     tiles = gemm_grid(cout_g, kh * kw * cin_g, groups)

@@ -34,6 +34,13 @@ global memory as ``(array, element_index)``.
 ``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
 ``st_shared_v4(smem, byte_offset, r0, r1, r2, r3)`` (``st.shared.v4.b32``: 16 bytes, 16-byte
 aligned): a synchronous 16-byte chunk for operands whose rows are not 16-byte aligned.
+
+``ld_global_v4(array, index) -> (r0, r1, r2, r3)``, ``ld_global_nc_v4``, ``st_global_v4(array, index, r0..r3)``
+    ``ld.global[.nc].v4.b32`` / ``st.global.v4.b32`` of the 16 bytes from element ``index`` of a 1-D
+    fp16 array (``index % 8 == 0`` and a 16-byte aligned array: 8 fp16, ``r0`` holding elements 0-1).
+    ``.nc`` (the read-only data path): only for arrays no thread of the kernel writes. The depthwise
+    kernels' 8-channel vectors.
+``unpack_half2(reg) -> (lo, hi)``: the two fp16 of a ``b32`` register (inverse of ``pack_half2``).
 """
 from llvmlite import ir
 from numba.cuda import types as nbt
@@ -153,11 +160,65 @@ def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
     return sig, codegen
 
 
+LD_GLOBAL_V4_PTX = "ld.global.v4.b32"
+LD_GLOBAL_NC_V4_PTX = "ld.global.nc.v4.b32"
+ST_GLOBAL_V4_PTX = "st.global.v4.b32"
+
+
+def _global_address(context, builder, arrty, array, index):
+    data = context.make_array(arrty)(context, builder, array).data
+    return builder.ptrtoint(builder.gep(data, [builder.sext(index, _I64)]), _I64)
+
+
+def _make_ld_global_v4(ptx):
+    @intrinsic
+    def load(typingctx, array, index):
+        sig = nbt.UniTuple(nbt.uint32, 4)(array, nbt.int32)
+
+        def codegen(context, builder, sig, args):
+            address = _global_address(context, builder, sig.args[0], args[0], args[1])
+            r = _asm(builder, [_I32] * 4, [address],
+                     "{ .reg .u64 g; cvta.to.global.u64 g, $4; " + ptx + " {$0,$1,$2,$3}, [g]; }",
+                     "=r,=r,=r,=r,l,~{memory}")
+            return context.make_tuple(builder, sig.return_type, r)
+        return sig, codegen
+    return load
+
+
+@intrinsic
+def _st_global_v4(typingctx, array, index, r0, r1, r2, r3):
+    sig = nbt.void(array, nbt.int32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
+
+    def codegen(context, builder, sig, args):
+        address = _global_address(context, builder, sig.args[0], args[0], args[1])
+        _asm(builder, [], [address] + list(args[2:]),
+             "{ .reg .u64 g; cvta.to.global.u64 g, $0; " + ST_GLOBAL_V4_PTX + " [g], {$1,$2,$3,$4}; }",
+             "l,r,r,r,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _unpack_half2(typingctx, reg):
+    sig = nbt.UniTuple(nbt.float16, 2)(nbt.uint32)
+
+    def codegen(context, builder, sig, args):
+        i16 = ir.IntType(16)   # numba's data model of float16: its bits in an i16
+        lo = builder.trunc(args[0], i16)
+        hi = builder.trunc(builder.lshr(args[0], ir.Constant(_I32, 16)), i16)
+        return context.make_tuple(builder, sig.return_type, [lo, hi])
+    return sig, codegen
+
+
 if SIMULATOR:
-    from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: F401
-                             ldmatrix_x4_trans, mma_m16n8k16, pack_half2_device as pack_half2, st_shared_v4)
+    from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
+                             ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
+                             pack_half2_device as pack_half2, st_global_v4, st_shared_v4,
+                             unpack_half2_device as unpack_half2)
 else:
     pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
+    ld_global_v4, ld_global_nc_v4 = _make_ld_global_v4(LD_GLOBAL_V4_PTX), _make_ld_global_v4(LD_GLOBAL_NC_V4_PTX)
+    st_global_v4, unpack_half2 = _st_global_v4, _unpack_half2
     mma_m16n8k16 = _mma_m16n8k16
     ldmatrix_x4 = _make_ldmatrix(LDMATRIX_PTX)
     ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)

@@ -161,6 +161,37 @@ def pack_half2_device(lo, hi):
 
 
 @cuda.jit(device=True)
+def unpack_half2_device(reg):
+    """Twin of ``_mma.unpack_half2``."""
+    lo, hi = unpack_half2(reg)
+    return lo, hi
+
+
+def _vector_slice(array, index, what):
+    if index % 8 or index < 0 or index + 8 > array.size:
+        raise ValueError(f"{what}: element {index} of an fp16 array of {array.size} is not the start of a "
+                         f"16-byte vector inside it (index % 8 == 0 and index + 8 <= size)")
+    return slice(index, index + 8)
+
+
+@cuda.jit(device=True)
+def ld_global_v4(array, index):
+    """Twin of ``ld.global.nc.v4.b32``: 8 fp16 from element ``index`` as four b32 registers."""
+    where = _vector_slice(array, index, "ld.global.v4")
+    r = np.array([array[i] for i in range(where.start, where.stop)], np.float16).view(np.uint32)
+    return r[0], r[1], r[2], r[3]
+
+
+@cuda.jit(device=True)
+def st_global_v4(array, index, r0, r1, r2, r3):
+    """Twin of ``st.global.v4.b32``: four b32 registers as 8 fp16 from element ``index``."""
+    where = _vector_slice(array, index, "st.global.v4")
+    halves = np.array([r0, r1, r2, r3], np.uint32).view(np.float16)
+    for j in range(8):
+        array[where.start + j] = halves[j]
+
+
+@cuda.jit(device=True)
 def st_shared_v4(smem, byte_offset, r0, r1, r2, r3):
     """Twin of ``st.shared.v4.b32`` (16-byte aligned)."""
     if byte_offset % 16:

@@ -250,7 +250,11 @@ CONV_CONFIGS = {  # (N, H, W, Cin, Cout, k, stride, pad, groups)
     "3x3-s2-grouped": (1, 6, 6, 4, 6, 3, 2, 1, 2),
     "1x1-split-k": (2, 9, 9, 3, 5, 1, 1, 0, 1),  # 162 pixels: the weight gradient splits its reduction
     "1x1-wide": (1, 3, 3, 8, 40, 1, 1, 0, 1),    # Cout = 40 spans two column tiles
-    "depthwise-s2": (1, 5, 5, 4, 4, 3, 2, 1, 4),
+    "depthwise-s2": (1, 5, 5, 4, 4, 3, 2, 1, 4),       # 4 channels: one element per thread
+    "depthwise-12": (1, 4, 4, 12, 12, 3, 1, 1, 12),     # not a multiple of 8: one element per thread
+    "depthwise-8": (2, 4, 4, 8, 8, 3, 1, 1, 8),         # 8-channel vectors (16-byte loads / stores)
+    "depthwise-16-s2": (1, 5, 5, 16, 16, 3, 2, 1, 16),
+    "depthwise-24-k5": (1, 4, 4, 24, 24, 5, 1, 2, 24),
 }
 
 
@@ -436,6 +440,12 @@ CASES = [
                  id="conv-1x1-split-k-no-dx"),
     pytest.param(case_conv, dict(config="1x1-wide", with_stats=True, accumulate=True), id="conv-1x1-wide"),
     pytest.param(case_conv, dict(config="depthwise-s2", with_stats=True, accumulate=True), id="conv-depthwise"),
+    pytest.param(case_conv, dict(config="depthwise-12", with_stats=False, accumulate=False), id="conv-depthwise-12"),
+    pytest.param(case_conv, dict(config="depthwise-8", with_stats=True, accumulate=False), id="conv-depthwise-vec8"),
+    pytest.param(case_conv, dict(config="depthwise-16-s2", with_stats=False, accumulate=True),
+                 id="conv-depthwise-vec8-16-s2-accumulate"),
+    pytest.param(case_conv, dict(config="depthwise-24-k5", with_stats=True, accumulate=True),
+                 id="conv-depthwise-vec8-24-k5"),
     pytest.param(case_conv_bn_relu_fused, {}, id="conv-bn-relu-fused"),
     pytest.param(case_linear, dict(with_bias=True, accumulate=False), id="linear-bias"),
     pytest.param(case_linear, dict(with_bias=False, accumulate=True), id="linear-no-bias-accumulate"),

@@ -134,3 +134,29 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     assert info.registers <= 255 and info.shared_bytes <= STATIC_SHARED_LIMIT, info
     blocks = REGISTERS_PER_SM // (info.registers * tile.threads)
     assert blocks >= tile.design_blocks_per_sm, f"{name}: {info.registers} registers allow {blocks} blocks per SM"
+
+
+# ---- depthwise kernels: 8 channels per thread in 16-byte vectors (cuda_kernels._depthwise) -------------------
+DEPTHWISE_VECTORS = {  # kernel: (16-byte loads, 16-byte stores) it must contain, per PTX instruction
+    "depthwise_forward_vec8": ({"ld.global.nc.v4.b32"}, {"st.global.v4.b32"}),
+    "depthwise_backward_data_vec8": ({"ld.global.nc.v4.b32", "ld.global.v4.b32"}, {"st.global.v4.b32"}),
+    "depthwise_backward_weight_vec8": ({"ld.global.nc.v4.b32"}, set()),   # fp32 atomics out
+}
+GLOBAL_ACCESS = re.compile(r"(?<![.\w])((?:ld|st)\.global[.a-z0-9]*)\s")   # inline asm sits mid-line
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (9, 0)], ids=["sm80", "sm90"])
+@pytest.mark.parametrize("name", sorted(DEPTHWISE_VECTORS))
+def test_depthwise_vector_kernels_move_activations_in_16_byte_vectors(name, cc):
+    spec = all_kernels()[name]
+    ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
+    loads, stores = DEPTHWISE_VECTORS[name]
+    accesses = set(GLOBAL_ACCESS.findall(ptx))
+    assert loads | stores <= accesses, f"{name}: global accesses {sorted(accesses)}"
+    # activations never move 2 bytes at a time: the only scalar global loads are the weights' (u16, read once
+    # per tap) and no fp16 is stored alone
+    assert not {a for a in accesses if a.startswith("st.global") and ".v4" not in a}, sorted(accesses)
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    info = ptxas_info(ptx, cc)
+    assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
