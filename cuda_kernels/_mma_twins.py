@@ -176,7 +176,7 @@ def _vector_slice(array, index, what):
 
 @cuda.jit(device=True)
 def ld_global_v4(array, index):
-    """Twin of ``ld.global.nc.v4.b32``: 8 fp16 from element ``index`` as four b32 registers."""
+    """Twin of ``ld.global[.nc].v4.b32``: 8 fp16 from element ``index`` as four b32 registers."""
     where = _vector_slice(array, index, "ld.global.v4")
     r = np.array([array[i] for i in range(where.start, where.stop)], np.float16).view(np.uint32)
     return r[0], r[1], r[2], r[3]
