@@ -92,7 +92,7 @@ def format_summary(plan, depth: int | None = DEFAULT_DEPTH, title: str = "") -> 
              f"trainable params:     {trainable:,}",
              f"non-trainable params: {frozen:,} (BatchNorm running statistics)",
              f"total params:         {trainable + frozen:,}",
-             f"MACs per step input {batch}: {sum(r.macs for r in rows):,} (forward)",
+             f"forward MACs for input {batch}: {sum(r.macs for r in rows):,}",
              f"memory plan (train step, one arena): {_mib(memory.arena_bytes)} in all; saved for backward "
              f"{_mib(memory.saved_for_backward_bytes)}; transient {_mib(memory.transient_planned_bytes)} "
              f"(lower bound {_mib(memory.transient_lower_bound_bytes)})"]

@@ -75,3 +75,11 @@ def test_plan_depth_prints_the_summary_table(capsys):
 def test_bad_arguments_say_what_to_pass(kwargs, message):
     with pytest.raises(ValueError, match=message):
         blueprint.summary(zoo.resnet18(), **kwargs)
+
+
+def test_readme_shows_the_real_output():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    call = ">>> print(blueprint.summary(blueprint.zoo.resnet18(), (224, 224, 3), depth=1))\n"
+    shown = readme.split(call, 1)[1].split("```", 1)[0].rstrip("\n")
+    assert shown == blueprint.summary(zoo.resnet18(), (224, 224, 3), depth=1)
