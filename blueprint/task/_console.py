@@ -29,8 +29,10 @@ class CompileWatch:
         self._stack = ExitStack()
 
     def __enter__(self) -> "CompileWatch":
-        for module in _event_modules():
-            self._stack.enter_context(module.install_listener("numba:compile", _Listener(module, self)))
+        # numba-cuda's CUDADispatcher fires no compile event: compiling the CUDA kernels is not seen
+        # here, so the notice and the img/s correction cover the CPU path only
+        from numba.core import event
+        self._stack.enter_context(event.install_listener("numba:compile", _compile_listener(event, self)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -50,15 +52,8 @@ class CompileWatch:
             self.seconds += time.perf_counter() - self._since
 
 
-def _event_modules() -> list:
-    """numba's event module. (numba-cuda's CUDADispatcher fires no compile event, so compiling the CUDA
-    kernels is not detected: the notice and the img/s correction cover the CPU path.)"""
-    import numba.core.event
-    return [numba.core.event]
-
-
-def _Listener(module, watch: CompileWatch):
-    class Listener(module.Listener):
+def _compile_listener(event, watch: CompileWatch):
+    class Listener(event.Listener):
         def on_start(self, event):
             watch.started()
 
