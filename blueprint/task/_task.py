@@ -344,6 +344,7 @@ class DeepLearningTask:
         `checkpoint.safetensors`, which keeps the last finished epoch), and `resume` of that file
         continues with the next batch, bit-identical on the CPU to a run that never stopped."""
         if epochs is not None:
+            self.session()     # made here first, so the trained weights stay with this task value too
             return self.epochs(epochs).fit()
         session = self.session()
         with DeferredInterrupt() as interrupt:

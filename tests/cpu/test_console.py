@@ -18,7 +18,7 @@ EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)  (\d+)/\3  [\d.]+s  loss [\d.]+  ac
                         r"val_acc [\d.]+  \d+ img/s  lr [\d.e-]+( \(compiling kernels took [\d.]+s, not counted in img/s\))?$")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def task():
     train, val = digits()
     return (DeepLearningTask(model=BluePrint(seq(cbr(8, 3, 1, 1), gap(), fc(10))), optimizer=SGD(lr=0.1), seed=0)
@@ -39,6 +39,12 @@ def test_captured_output_gets_one_line_per_epoch_and_no_bar(task, capsys):
     assert [EPOCH_LINE.match(line).group(1, 2, 3) for line in lines] == [("1", "3", "4"), ("2", "3", "4"),
                                                                          ("3", "3", "4")]
     assert f"val_acc {history[-1].val_accuracy:.4f}" in lines[-1] and f"loss {history[0].train_loss:.4f}" in lines[0]
+
+
+def test_fit_epochs_counts_the_total_and_trains_this_task(task):
+    assert len(task.fit(epochs=2)) == 2 and len(task.history) == 2       # the session stays with `task`
+    assert [r.epoch for r in task.fit(epochs=3)] == [1, 2, 3]               # one more epoch, not three
+    assert task.epoch_count == 1                                            # the value itself is unchanged
 
 
 def test_a_terminal_gets_a_bar_per_batch_replaced_by_the_epoch_line(task, monkeypatch):
