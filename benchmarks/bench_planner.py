@@ -1,7 +1,7 @@
 """Planner speed (asv). The memory plan's quality is `benchmarks/planner_memory.py`.
 
-asv:    `cd benchmarks && asv run` (see asv.conf.json) times `expand_tree`, `ArchPlan.from_blueprint`
-        and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
+asv:    `asv run --bench bench_planner` from the repository root (see asv.conf.json) times
+        `expand_tree`, `ArchPlan.from_blueprint` and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
         resnet20, resnet50, resnet152 and mobilenet_v2, each with the Cython build and with the
         same sources uncompiled.
 script: `python benchmarks/bench_planner.py` prints the same times (median and fastest of repeated

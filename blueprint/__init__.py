@@ -11,6 +11,7 @@ from blueprint._factories import (
     silu, tanh,
 )
 from blueprint._layer import BlockStyle, BluePrint, Kind, Layer, map_layers
+from blueprint._summary import summary
 from blueprint import zoo
 
 __version__ = "0.1.0"
@@ -19,5 +20,5 @@ __all__ = [
     "BlockStyle", "BluePrint", "Kind", "Layer", "map_layers", "zoo",
     "add2", "avgpool", "block", "bn", "cbr", "cbrp", "channel_padding", "conv", "conv_dw", "dropout", "fc",
     "flatten", "gap", "gap_fc", "gelu", "group_conv", "hardswish", "identity", "leaky_relu", "maxpool", "mbconv",
-    "named", "relu", "relu6", "repeat", "seq", "sigmoid", "silu", "tanh",
+    "named", "relu", "relu6", "repeat", "seq", "sigmoid", "silu", "tanh", "summary",
 ]

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
 from blueprint import __version__, zoo
-from blueprint._layer import BluePrint
 from blueprint._model_source import CliError, load_model
+from blueprint._summary import compile_plan, format_summary, layer_rows, text_table as _table
 from blueprint._train_command import add_train_command
-from planner import ArchPlan, ExpandError, build_kind
-from planner.compiler import CompiledPlan, Compiler
+from planner import ExpandError, build_kind
+from planner.compiler import CompiledPlan
 from planner.memory import lifetimes
 from planner.registry import ShapeError
 from planner.verify import PlanError
@@ -101,6 +100,9 @@ def add_plan_command(subparsers) -> None:
                          help="one sample's shape; default: the zoo entry's (required for a file)")
     command.add_argument("--fuse", action="store_true", help="merge blocks into fused kernels (needs --amp)")
     command.add_argument("--amp", action="store_true", help="fp16 activations with fp32 master weights")
+    command.add_argument("--depth", type=_positive_int, default=None, metavar="N",
+                         help="group the layers by the first N components of their names (layer1.0.conv1 at "
+                              "N=1 is layer1), as blueprint.summary(bp, shape, depth=N) does (default: every layer)")
     command.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     command.set_defaults(run=run_plan)
 
@@ -115,27 +117,14 @@ def run_plan(args) -> int:
                           **report}, indent=2))
         return 0
     mode = ("fp16 activations" if args.amp else "fp32") + (", fused" if args.fuse else ", unfused")
-    print(f"{args.model}: train {plan.variants['train'].input_shape}, eval {plan.variants['eval'].input_shape}; "
-          f"{mode}; {len(report['layers'])} layers")
-    rows = [[l["name"], l["kind"], str(tuple(l["out_shape"])), f"{l['params']:,}", f"{l['macs']:,}"]
-            for l in report["layers"]]
-    rows.append(["total", "", "", f"{report['params_trainable']:,}", f"{report['macs_per_sample']:,}"])
-    print(_table(["layer", "kind", "output (train)", "params", "MACs/sample"], rows, numeric={3, 4}))
+    print(format_summary(plan, args.depth,
+                         f"{args.model}: train {plan.variants['train'].input_shape}, eval "
+                         f"{plan.variants['eval'].input_shape}; {mode}; {len(report['layers'])} layers"))
     print()
     print(plan.memory.report())
     print(f"compiled in {plan.compile_ms:.1f} ms (train and eval variants); verify() found no error")
     print(f"planner build: {build_kind()}")
     return 0
-
-
-def compile_plan(bp: BluePrint, input_shape, batch: int, eval_batch: int, fuse: bool, amp: bool) -> CompiledPlan:
-    height, width, channels = input_shape
-    arch = ArchPlan.from_blueprint(bp, in_channels=channels, fuse=fuse, amp=amp)
-    plan = Compiler(arch).compile(variants={"train": (batch, height, width, channels),
-                                            "eval": (eval_batch, height, width, channels)},
-                                  training=True, optimizer_state_slots=1)
-    plan.verify()
-    return plan
 
 
 def plan_report(plan: CompiledPlan) -> dict:
@@ -158,24 +147,6 @@ def plan_report(plan: CompiledPlan) -> dict:
         "tensors": tensor_rows(plan),
         "compile_ms": plan.compile_ms,
     }
-
-
-def layer_rows(plan: CompiledPlan) -> list[dict]:
-    """One row per layer of the ArchPlan: the primitives, or in a fused plan the fused layers with
-    totals over their sub-primitives (`plan.primitives` lists those in the same order)."""
-    trainable = [0] * len(plan.primitives)
-    for param in plan.params:
-        if param.region == "params":
-            trainable[param.layer] += math.prod(param.shape)
-    shapes = plan.value_shapes["train"]
-    rows, position = [], 0
-    for layer in plan.arch.layers:
-        members = range(position, position + len(layer.sub or (layer,)))
-        position = members.stop
-        rows.append({"name": layer.name, "kind": layer.kind, "out_shape": list(shapes[layer.output]),
-                     "params": sum(trainable[p] for p in members),
-                     "macs": sum(plan.macs_per_sample[p] for p in members)})
-    return rows
 
 
 def tensor_rows(plan: CompiledPlan) -> list[dict]:
@@ -203,14 +174,6 @@ def _input_shape(text: str) -> tuple[int, int, int]:
     if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise argparse.ArgumentTypeError(f"expected H,W,C as three positive ints like 32,32,3, got {text!r}")
     return tuple(int(p) for p in parts)
-
-
-def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozenset()) -> str:
-    widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-    def line(cells):
-        return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(row) for row in rows])
 
 
 # One function per subcommand, in `--help` order.

@@ -26,24 +26,43 @@ DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 3
 CHECKPOINT_NAME = "checkpoint.safetensors"
 SYNTHETIC_SIZES = (2048, 512)   # train, val: two draws from one synthetic distribution
 DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
+OUTPUT_HELP = ("Progress goes to stderr: a bar per batch on a terminal, one line per epoch (train and "
+               "validation loss/accuracy, time, img/s, lr) anywhere else; the result goes to stdout.")
 AUGMENT = {"digits": None, "cifar10": Augment(crop_padding=4, hflip=True), "synthetic": None}
 
 
 def add_train_command(subparsers) -> None:
     command = subparsers.add_parser("train", help="train a model (default: small_cnn on the bundled digits)",
-                                    description=__doc__.split("\n\n")[0])
-    command.add_argument("--model", default=DEFAULTS["model"], help="zoo name or path/to/file.py:attr (default small_cnn)")
+                                    description=__doc__.split("\n\n")[0] + " " + OUTPUT_HELP)
+    command.add_argument("--model", default=DEFAULTS["model"],
+                         help="zoo name (blueprint models lists them) or path/to/file.py:attr (default %(default)s)")
     command.add_argument("--data", default=DEFAULTS["data"],
-                         help="digits (bundled), cifar10:PATH (the binary CIFAR-10 files) or synthetic (default digits)")
-    command.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
-    command.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    command.add_argument("--lr", type=float, default=None, help="peak learning rate (default: 0.05 sgd, 0.002 adamw)")
-    command.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
-    command.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    command.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    command.add_argument("--out", default=None, help="output folder (default runs/MODEL-DATA)")
-    command.add_argument("--resume", default=None, help="a checkpoint to continue from")
-    command.add_argument("--json", action="store_true", help="print the final metrics as one JSON object")
+                         help="digits (bundled), cifar10:PATH (the binary CIFAR-10 files) or synthetic "
+                              "(default %(default)s)")
+    command.add_argument("--epochs", type=int, default=DEFAULTS["epochs"],
+                         help="total epochs, counted from the start of the run (default %(default)s)")
+    command.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
+                         help="training batch size (default %(default)s; evaluation uses 256)")
+    command.add_argument("--lr", type=float, default=None,
+                         help="peak learning rate of the cosine schedule with one warmup epoch "
+                              f"(default {DEFAULT_LR['sgd']} sgd, {DEFAULT_LR['adamw']} adamw)")
+    command.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                         help="sgd (momentum 0.9, nesterov, weight decay 5e-4) or adamw (weight decay 0.05) "
+                              "(default %(default)s)")
+    command.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                         help="cpu: the fp32 reference path; cuda: fp16 fused kernels (default %(default)s)")
+    command.add_argument("--seed", type=int, default=DEFAULTS["seed"],
+                         help="seeds initialisation, data order, augmentation and dropout (default %(default)s)")
+    command.add_argument("--out", default=None,
+                         help="run folder for checkpoint.safetensors, history.jsonl and curves.png "
+                              "(default runs/MODEL-DATA)")
+    command.add_argument("--resume", default=None,
+                         help="a checkpoint to continue from, e.g. OUT/checkpoint.interrupted.safetensors "
+                              "(default: start afresh)")
+    command.add_argument("--json", action="store_true",
+                         help="print only the final metrics, as one JSON object on stdout (no progress)")
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress bar, compile notice or per-epoch lines; only the final result")
     command.set_defaults(run=run_train)
 
 
@@ -75,7 +94,7 @@ def build_task(args, train, val, data_name: str) -> DeepLearningTask:
     return (DeepLearningTask().model(bp).loss(CrossEntropyLoss().label_smoothing(0.05)).optimizer(optimizer)
             .scheduler(CosineAnnealingLR().warmup(1))
             .data(train=train, val=val, batch_size=args.batch_size, eval_batch_size=256, augment=AUGMENT[data_name])
-            .epochs(args.epochs).device(args.device).seed(args.seed).progress(not args.json))
+            .epochs(args.epochs).device(args.device).seed(args.seed).progress(not (args.json or args.quiet)))
 
 
 def _features(dataset) -> int:

@@ -7,7 +7,9 @@ dataclass cannot have a field and a method of the same name. The update rules th
 are the optimizer kernels in ``cpu_ref`` / ``cuda_kernels`` (see docs/kernel-contract.md).
 
 ``repr()`` of every value is constructor-chain code that evaluates back to an equal value,
-so a checkpoint can store it as text:
+so a checkpoint can store it as text. Every config also takes its setters' names as keywords,
+PyTorch-style: ``SGD(lr=0.1, momentum=0.9) == SGD().lr(0.1).momentum(0.9)`` (the same value, the
+same ``repr``; a setter with several arguments takes a tuple: ``Adam(betas=(0.9, 0.99))``):
 
 >>> from blueprint.optim import *
 >>> opt = SGD().lr(0.1).momentum(0.9).nesterov(True)
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
 __all__ = [
@@ -86,8 +88,62 @@ def _chain(constructor: str, calls: list[tuple[str, str]]) -> str:
     return constructor + "".join(f".{name}({args})" for name, args in calls)
 
 
+NOT_SETTERS = frozenset({"validate", "lr_at"})   # public methods that do not return a changed value
+
+
+def setter_names(cls) -> tuple[str, ...]:
+    """The builder methods of a config class, in definition order: its keyword arguments."""
+    names = []
+    for klass in reversed(cls.__mro__[:-1]):
+        for name, member in vars(klass).items():
+            if callable(member) and not name.startswith("_") and name not in NOT_SETTERS and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def keyword_construction(cls, setters: tuple[str, ...] | None = None, hint: str = ""):
+    """Let ``cls(setter=value, ...)`` equal ``cls().setter(value)...`` (validated by the setters);
+    ``setters`` defaults to every builder method (:func:`setter_names`).
+
+    Field names stay accepted as keywords because ``dataclasses.replace`` builds values with them;
+    positional arguments are refused (``SGD(model.parameters(), lr=0.1)`` has nothing to bind to:
+    the task owns the parameters)."""
+    field_init = cls.__init__
+    setters = setters or setter_names(cls)
+    field_names = {f.name for f in fields(cls)}
+
+    def __init__(self, *args, **kwargs):
+        if args:
+            raise TypeError(f"{cls.__name__}() takes keyword arguments only; found {len(args)} positional "
+                            f"argument(s). Pass e.g. {cls.__name__}({setters[0]}=...); accepted keywords: "
+                            f"{', '.join(setters)}. (The task owns the parameters: do not pass them.)")
+        unknown = [k for k in kwargs if k not in setters and k not in field_names]
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}; accepted "
+                            f"keywords: {', '.join(setters)}.{hint}")
+        field_init(self, **{k: v for k, v in kwargs.items() if k in field_names})
+        value = self
+        for name, argument in kwargs.items():
+            if name in setters:
+                value = getattr(value, name)(*(argument if _takes_several(cls, name) else (argument,)))
+        if value is not self:
+            for f in fields(cls):
+                object.__setattr__(self, f.name, getattr(value, f.name))
+
+    __init__.__qualname__ = f"{cls.__name__}.__init__"
+    __init__.__doc__ = f"Keywords: {', '.join(setters)} (each the setter of that name)."
+    cls.__init__ = __init__
+    return cls
+
+
+def _takes_several(cls, setter: str) -> bool:
+    code = getattr(cls, setter).__code__
+    return code.co_argcount > 2       # self plus more than one argument: passed as a tuple
+
+
 # ---------------------------------------------------------------- loss
 
+@keyword_construction
 @dataclass(frozen=True)
 class CrossEntropyLoss:
     """Softmax cross-entropy with mean reduction and PyTorch's label smoothing.
@@ -113,6 +169,7 @@ class CrossEntropyLoss:
 
 # ---------------------------------------------------------------- optimizers
 
+@keyword_construction
 @dataclass(frozen=True)
 class SGD:
     """Stochastic gradient descent exactly as ``torch.optim.SGD`` (coupled weight decay).
@@ -215,6 +272,7 @@ class _AdamSetters:
         return _chain(f"{type(self).__name__}()", calls)
 
 
+@keyword_construction
 @dataclass(frozen=True, repr=False)
 class Adam(_AdamSetters):
     """Adam exactly as ``torch.optim.Adam`` (weight decay added to the gradient).
@@ -236,6 +294,7 @@ class Adam(_AdamSetters):
     decoupled: ClassVar[bool] = False
 
 
+@keyword_construction
 @dataclass(frozen=True, repr=False)
 class AdamW(_AdamSetters):
     """AdamW exactly as ``torch.optim.AdamW`` (decoupled weight decay, default 1e-2).
@@ -285,6 +344,7 @@ def _common_calls(schedule, default_per_batch: bool) -> list[tuple[str, str]]:
     return calls
 
 
+@keyword_construction
 @dataclass(frozen=True)
 class ConstantLR:
     """The base learning rate at every step (not torch's ``ConstantLR``, which scales a prefix).
@@ -314,6 +374,7 @@ class ConstantLR:
         return _chain("ConstantLR()", calls)
 
 
+@keyword_construction
 @dataclass(frozen=True)
 class StepLR:
     """``base * gamma ** (position // step_size)``, as ``torch.optim.lr_scheduler.StepLR``.
@@ -364,6 +425,7 @@ class StepLR:
         return _chain("StepLR()", calls + _common_calls(self, False))
 
 
+@keyword_construction
 @dataclass(frozen=True)
 class MultiStepLR:
     """``base * gamma ** (number of milestones <= position)``, as torch's ``MultiStepLR``.
@@ -418,6 +480,7 @@ class MultiStepLR:
         return _chain("MultiStepLR()", calls + _common_calls(self, False))
 
 
+@keyword_construction
 @dataclass(frozen=True)
 class CosineAnnealingLR:
     """Linear warmup, then cosine annealing from ``base`` to ``eta_min``.

@@ -20,8 +20,10 @@ import numpy as np
 from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
 from blueprint._parse import parse_as
-from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR
+from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
+                             keyword_construction)
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task._console import Console
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
@@ -152,8 +154,14 @@ class DeepLearningTask:
         return self._new(epoch_count=n)
 
     def device(self, name: str) -> "DeepLearningTask":
+        """"cpu" or "cuda"; "cuda:0" (PyTorch's spelling) means "cuda" (one GPU: index 0 only)."""
+        if isinstance(name, str) and name.startswith("cuda:"):
+            if name != "cuda:0":
+                raise ConfigError(f"DeepLearningTask.device(name): only GPU index 0 is supported, got {name!r}; "
+                                  f"pick the GPU with CUDA_VISIBLE_DEVICES={name[5:]} and pass 'cuda'")
+            name = "cuda"
         if name not in DEVICES:
-            raise ConfigError(f"DeepLearningTask.device(name): expected one of {DEVICES}, got {name!r}")
+            raise ConfigError(f"DeepLearningTask.device(name): expected one of {DEVICES} (or 'cuda:0'), got {name!r}")
         return self._new(device_name=name)
 
     def amp(self, enabled: bool) -> "DeepLearningTask":
@@ -321,13 +329,23 @@ class DeepLearningTask:
         plan = self._compile()
         return _Session(plan, self._executor(plan), self.eval_batch or self.batch)
 
-    def fit(self) -> list[EpochRecord]:
+    def fit(self, epochs: int | None = None) -> list[EpochRecord]:
         """Train for the configured epochs (continuing after a `resume`); returns the history.
+        `fit(epochs=n)` is `self.epochs(n).fit()`: n is the total, so a task that has done 2 epochs
+        trains 3 more with `fit(epochs=5)` (the schedule spans n epochs).
+
+        With `.progress(True)` (the default) each epoch ends with one line on stderr: epoch, time,
+        train loss and accuracy, validation loss and accuracy, images/s and the learning rate; a
+        terminal also shows a bar redrawn per batch, and the first numba compilation on a machine
+        prints a notice (its time is kept out of images/s).
 
         Ctrl-C stops at the next step boundary; with `.checkpoint(path)` set, the exact position is
         saved to `path`'s interrupt file (`checkpoint.interrupted.safetensors` next to
         `checkpoint.safetensors`, which keeps the last finished epoch), and `resume` of that file
         continues with the next batch, bit-identical on the CPU to a run that never stopped."""
+        if epochs is not None:
+            self.session()     # made here first, so the trained weights stay with this task value too
+            return self.epochs(epochs).fit()
         session = self.session()
         with DeferredInterrupt() as interrupt:
             try:
@@ -338,6 +356,10 @@ class DeepLearningTask:
                 raise
 
     def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
+        with Console(self.show_progress) as console:
+            return self._fit_epochs(session, interrupt, console)
+
+    def _fit_epochs(self, session, interrupt: DeferredInterrupt, console: Console) -> list[EpochRecord]:
         loader, val_loader, _ = self._loaders()
         steps = loader.steps_per_epoch
         for epoch in range(session.epochs_done, self.epoch_count):
@@ -346,19 +368,19 @@ class DeepLearningTask:
             position = session.position if resumed else Position(epoch, lr=self.base_lr)
             session.position = position
             order = loader.order(epoch)
-            bar = _progress(self.show_progress, steps, f"epoch {epoch + 1}/{self.epoch_count}", position.batch)
+            console.begin_epoch(steps, position.batch, f"epoch {epoch + 1}/{self.epoch_count}")
             try:
-                position = self._train_steps(session, interrupt, loader, order, position, bar, start)
+                position = self._train_steps(session, interrupt, loader, order, position, console, start)
             finally:
-                if bar is not None:
-                    bar.close()
-            train_seconds = time.perf_counter() - start
+                console.close_bar()
+            train_seconds = time.perf_counter() - start - console.epoch_compile_seconds()   # img/s without compiling
             val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
             seen = position.seen
             record = EpochRecord(epoch + 1, float(position.lr), position.loss_sum / seen, position.correct / seen,
                                  val["loss"] if val else None, val["top1"] if val else None,
                                  val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
             session.history.append(record)
+            console.epoch_done(record, self.epoch_count, steps, console.epoch_compile_seconds())
             session.epochs_done, session.position = epoch + 1, None
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as log:
@@ -371,8 +393,8 @@ class DeepLearningTask:
             interrupt.check()
         return list(session.history)
 
-    def _train_steps(self, session, interrupt: DeferredInterrupt, loader, order, position: Position, bar,
-                     start: float) -> Position:
+    def _train_steps(self, session, interrupt: DeferredInterrupt, loader, order, position: Position,
+                     console: Console, start: float) -> Position:
         """The epoch's remaining steps, from `position`. Step k+1 is submitted before step k's result is
         read, so a device runs step k while the host prepares and stages batch k+1 (a synchronous
         executor has finished each step by the time it returns). The position counts a step once its
@@ -392,11 +414,7 @@ class DeepLearningTask:
             position = session.position = position.after_step(size, loss, correct, lr)
             in_flight.popleft()
             interrupt.stepping = False
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{position.loss_sum / position.seen:.4f}",
-                                acc=f"{position.correct / position.seen:.3f}",
-                                img_s=f"{(position.seen - seen_before) / (time.perf_counter() - start):.0f}")
+            console.batch_done(position, seen_before, start)
             return position
 
         try:
@@ -548,6 +566,12 @@ class DeepLearningTask:
                 ._new(batch=_count(path, state, "batch_size", 1)))
 
 
+# PyTorch/Keras-style keywords: DeepLearningTask(model=bp, optimizer=SGD(lr=0.1), epochs=3) equals the chain
+TASK_KEYWORDS = ("model", "loss", "optimizer", "scheduler", "epochs", "device", "amp", "fuse", "seed", "drop_last",
+                 "progress", "log", "checkpoint")
+keyword_construction(DeepLearningTask, TASK_KEYWORDS, " Data goes through .data(train=..., val=..., batch_size=...).")
+
+
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:
     """Mean cross-entropy (PyTorch's label smoothing), top-1 and, with >= 5 classes, top-5 accuracy."""
     z = logits.astype(np.float64)
@@ -580,13 +604,6 @@ def _flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"DeepLearningTask.{name}(enabled): expected True or False, got {value!r}")
     return value
-
-
-def _progress(enabled: bool, total: int, description: str, done: int = 0):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    return tqdm(total=total, initial=done, desc=description, unit="batch", leave=True, dynamic_ncols=True)
 
 
 def _short(value, limit: int = 80) -> str:

@@ -48,3 +48,27 @@ def test_compile_vs_torch_prints_both_sides():
     assert rows[0].startswith("| what") and rows[1].startswith("| ours: plan") and " ms |" in rows[1], done.stdout
     ratios = [float(row.rsplit("|", 2)[1].strip().rstrip("x").replace(",", "")) for row in rows[2:]]
     assert len(ratios) == 2 and all(r > 0 for r in ratios), done.stdout
+
+
+def test_asv_runs_from_the_repository_root():
+    """asv.conf.json sits at the root (so `asv run` works from a clone) and names benchmarks/ from there;
+    asv allows // comments in it."""
+    import json
+    root = BENCHMARKS.parent
+    text = (root / "asv.conf.json").read_text()
+    config = json.loads("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//")))
+    assert (config["repo"], config["benchmark_dir"]) == (".", "benchmarks")
+    assert not (BENCHMARKS / "asv.conf.json").exists()
+    assert (root / config["benchmark_dir"] / "__init__.py").exists()
+
+
+def test_memory_and_ratios_are_tracked():
+    tree = ast.parse((BENCHMARKS / "bench_tracked.py").read_text())
+    methods = {f"{c.name}.{f.name}" for c in tree.body if isinstance(c, ast.ClassDef)
+               for f in c.body if isinstance(f, ast.FunctionDef) and f.name.startswith(ASV_PREFIXES)}
+    assert methods == {"TrainStepMemory.peakmem_train_step", "CompileMemory.peakmem_compile",
+                       "MemoryRatios.track_saved_for_backward_ratio_vs_torch",
+                       "MemoryRatios.track_transient_over_lower_bound", "CpuStepRatio.track_cpu_step_ratio_vs_torch"}
+    setups = {c.name for c in tree.body if isinstance(c, ast.ClassDef)
+              for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "setup"}
+    assert setups == {"TrainStepMemory", "CompileMemory", "MemoryRatios", "CpuStepRatio"}   # each checks first
