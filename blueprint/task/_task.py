@@ -110,7 +110,11 @@ class DeepLearningTask:
     _session: list = field(default_factory=list, compare=False, repr=False)
 
     # ---- chained setters ------------------------------------------------------------------------------
-    def model(self, bp: BluePrint) -> "DeepLearningTask":
+    def model(self, bp: BluePrint | None = None):
+        """`.model(bp)` sets the network (a new task); `.model()` returns the trained network as a
+        `blueprint.Model` (weights, BluePrint and the input normalisation) for inference and export."""
+        if bp is None:
+            return self._inference_model()
         if not isinstance(bp, BluePrint):
             raise TypeError(f"DeepLearningTask.model(bp): expected a BluePrint (e.g. zoo.resnet20()), got {type(bp).__name__}")
         return self._new(blueprint_value=bp)
@@ -474,12 +478,30 @@ class DeepLearningTask:
                  "optimizer": repr(self.optimizer_config), "loss": repr(self.loss_config),
                  "scheduler": repr(self.scheduler_config), "epochs_done": session.epochs_done,
                  "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
-                 "sample_shape": list(self.train_set.sample_shape),
+                 "sample_shape": list(self.train_set.sample_shape), "input": self._input_spec().as_state(),
                  "position": None if position is None else position.as_state(),
                  "history": [r.as_dict() for r in session.history]}
         path = Path(path)
         save_checkpoint(path, tensors, state)
         return path
+
+    def _input_spec(self):
+        """The input the network was trained on, stored with the weights: layout, dtype, normalisation."""
+        from blueprint._model import InputSpec
+        _, _, (mean, std) = self._loaders()
+        x = self.train_set.x
+        float_range = x.dtype == np.float32 and len(x)
+        return InputSpec(self.train_set.sample_shape, str(x.dtype), mean, std,
+                         tuple(x.min(axis=(0, 1, 2))) if float_range else None,
+                         tuple(x.max(axis=(0, 1, 2))) if float_range else None)
+
+    def _inference_model(self):
+        from blueprint._model import Model
+        if not self._session or not self._session[0].holds_training:
+            raise ConfigError("task.model() returns the trained network: call fit() (or resume(path)) first; "
+                              "to set the network use .model(bp)")
+        model = Model(self.blueprint_value, self._input_spec(), seed=self.seed_value)
+        return model.load_state_dict(self._session[0].executor.state_dict())
 
     def resume(self, path) -> "DeepLearningTask":
         """Load a checkpoint into this task's session; `fit()` then continues where it stopped (at the
