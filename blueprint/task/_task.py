@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, Cro
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
+
+if TYPE_CHECKING:
+    from blueprint._model import Model
 
 DEVICES = ("cpu", "cuda")
 CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
@@ -110,7 +113,7 @@ class DeepLearningTask:
     _session: list = field(default_factory=list, compare=False, repr=False)
 
     # ---- chained setters ------------------------------------------------------------------------------
-    def model(self, bp: BluePrint | None = None):
+    def model(self, bp: BluePrint | None = None) -> "DeepLearningTask | Model":
         """`.model(bp)` sets the network (a new task); `.model()` returns the trained network as a
         `blueprint.Model` (weights, BluePrint and the input normalisation) for inference and export."""
         if bp is None:
