@@ -4,6 +4,8 @@
     blueprint plan resnet20 --batch 128 [--json]     layers, parameters, MACs and the memory plan
     blueprint plan path/to/net.py:bp --input-shape 28,28,1 --fuse --amp
     blueprint train [--model small_cnn] [--data digits] [--epochs N] [--json]   training (the default demo)
+    blueprint predict CHECKPOINT INPUT.npy [--top-k 5] [--json]      classify samples with a trained checkpoint
+    blueprint export CHECKPOINT --onnx OUT [--batch N]               the eval graph as ONNX
 
 Each subcommand is one `add_<name>_command(subparsers)` function that declares its arguments
 and sets `run`, the function that executes it and returns the exit status. A user error (an
@@ -21,6 +23,7 @@ import sys
 from blueprint import __version__, zoo
 from blueprint._layer import BluePrint
 from blueprint._model_source import CliError, load_model
+from blueprint._predict_command import add_export_command, add_predict_command
 from blueprint._train_command import add_train_command
 from planner import ArchPlan, ExpandError, build_kind
 from planner.compiler import CompiledPlan, Compiler
@@ -214,4 +217,4 @@ def _table(header: list[str], rows: list[list[str]], numeric: set[int] = frozens
 
 
 # One function per subcommand, in `--help` order.
-SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command)
+SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command, add_predict_command, add_export_command)
