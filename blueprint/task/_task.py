@@ -67,6 +67,7 @@ class _Session:
     history: list = field(default_factory=list)
     position: Position | None = None   # mid-epoch: where the epoch in progress stands
     resumed: bool = False
+    input_spec: tuple = ()             # (train set, repr of normalisation, InputSpec): measured once per data
 
     @property
     def holds_training(self) -> bool:
@@ -489,14 +490,21 @@ class DeepLearningTask:
         return path
 
     def _input_spec(self):
-        """The input the network was trained on, stored with the weights: layout, dtype, normalisation."""
+        """The input the network was trained on, stored with the weights: layout, dtype, normalisation.
+        Measured once per training set (a pass over CIFAR-10 takes seconds), not at every save."""
         from blueprint._model import InputSpec
+        session = self.session()
+        measured = (self.train_set, repr(self.normalisation))
+        if session.input_spec and session.input_spec[0] is measured[0] and session.input_spec[1] == measured[1]:
+            return session.input_spec[2]
         _, _, (mean, std) = self._loaders()
         x = self.train_set.x
-        float_range = x.dtype == np.float32 and len(x)
-        return InputSpec(self.train_set.sample_shape, str(x.dtype), mean, std,
-                         tuple(x.min(axis=(0, 1, 2))) if float_range else None,
-                         tuple(x.max(axis=(0, 1, 2))) if float_range else None)
+        flat = x.reshape(-1, x.shape[-1]) if x.dtype == np.float32 and len(x) else None
+        spec = InputSpec(self.train_set.sample_shape, str(x.dtype), mean, std,
+                         None if flat is None else tuple(flat.min(axis=0)),
+                         None if flat is None else tuple(flat.max(axis=0)))
+        session.input_spec = measured + (spec,)
+        return spec
 
     def _inference_model(self):
         from blueprint._model import Model

@@ -62,6 +62,23 @@ def test_a_checkpoint_without_the_input_record_is_refused_with_the_fix(trained, 
     DeepLearningTask.load(tmp_path / "old.safetensors")    # the task side still reads it
 
 
+def test_a_task_trained_on_float_data_stores_its_range_and_refuses_other_units(tmp_path):
+    train, _ = digits()
+    floats = ArrayDataset(train.x[:200].astype(np.float32) / 255, train.y[:200])
+    task = (DeepLearningTask().model(BluePrint(seq(cbr(4, 3, 1, 1), gap(), fc(10)))).data(train=floats, batch_size=100,
+            normalize=None).epochs(1).progress(False))
+    task.fit()
+    model = Model.load(task.save(tmp_path / "floats.safetensors"))
+    assert model.spec.dtype == "float32" and model.spec.mean is None
+    assert (model.spec.low, model.spec.high) == ((float(floats.x.min()),), (float(floats.x.max()),))
+    assert close(model.logits(floats.x), task.predict(floats.x))
+    with pytest.raises(ValueError, match="training set's units"):
+        model.logits(floats.x * 255)
+    halved = task.data(train=ArrayDataset(floats.x / 2, floats.y), batch_size=100, normalize=None)  # same session
+    assert halved.session() is task.session()
+    assert Model.load(halved.save(tmp_path / "halved.safetensors")).spec.high == (float(floats.x.max() / 2),)
+
+
 def test_task_model_before_training_says_to_fit_first():
     with pytest.raises(ConfigError, match=r"call fit\(\)"):
         DeepLearningTask().model(zoo.small_cnn()).model()
