@@ -197,13 +197,6 @@ class Model:
         """float32 logits (N, classes) for raw data as in the training set (NHWC, its dtype)."""
         return self._forward(self.spec.normalise(x, "Model.logits(x)"), batch_size)
 
-    def logits_normalised(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
-        """Logits for float32 NHWC batches that are already normalised (what the DataLoader yields)."""
-        if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.shape[1:] != self.spec.sample_shape:
-            raise TypeError(f"Model.logits_normalised(x): expected float32 (N, {self.spec.sample_shape}) NHWC, got "
-                            f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
-        return self._forward(x, batch_size)
-
     def probabilities(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
         """Softmax of the logits, float32 (N, classes)."""
         z = self.logits(x, batch_size).astype(np.float64)
