@@ -11,13 +11,14 @@ from blueprint._factories import (
     silu, tanh,
 )
 from blueprint._layer import BlockStyle, BluePrint, Kind, Layer, map_layers
+from blueprint._model import InputSpec, Model
 from blueprint._summary import summary
 from blueprint import zoo
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockStyle", "BluePrint", "Kind", "Layer", "map_layers", "zoo",
+    "BlockStyle", "BluePrint", "InputSpec", "Kind", "Layer", "Model", "map_layers", "zoo",
     "add2", "avgpool", "block", "bn", "cbr", "cbrp", "channel_padding", "conv", "conv_dw", "dropout", "fc",
     "flatten", "gap", "gap_fc", "gelu", "group_conv", "hardswish", "identity", "leaky_relu", "maxpool", "mbconv",
     "named", "relu", "relu6", "repeat", "seq", "sigmoid", "silu", "tanh", "summary",

@@ -4,6 +4,8 @@
     blueprint plan resnet20 --batch 128 [--json]     layers, parameters, MACs and the memory plan
     blueprint plan path/to/net.py:bp --input-shape 28,28,1 --fuse --amp
     blueprint train [--model small_cnn] [--data digits] [--epochs N] [--json]   training (the default demo)
+    blueprint predict CHECKPOINT INPUT.npy [--top-k 5] [--json]      classify samples with a trained checkpoint
+    blueprint export CHECKPOINT --onnx OUT [--batch N]               the eval graph as ONNX
 
 Each subcommand is one `add_<name>_command(subparsers)` function that declares its arguments
 and sets `run`, the function that executes it and returns the exit status. A user error (an
@@ -20,6 +22,7 @@ import sys
 from blueprint import __version__, zoo
 from blueprint._model_source import CliError, load_model
 from blueprint._summary import compile_plan, format_summary, layer_rows, text_table as _table
+from blueprint._predict_command import add_export_command, add_predict_command
 from blueprint._train_command import add_train_command
 from planner import ExpandError, build_kind
 from planner.compiler import CompiledPlan
@@ -177,4 +180,4 @@ def _input_shape(text: str) -> tuple[int, int, int]:
 
 
 # One function per subcommand, in `--help` order.
-SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command)
+SUBCOMMANDS = (add_models_command, add_plan_command, add_train_command, add_predict_command, add_export_command)

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._console import Console
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
+
+if TYPE_CHECKING:
+    from blueprint._model import Model
 
 DEVICES = ("cpu", "cuda")
 CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
@@ -66,6 +69,7 @@ class _Session:
     history: list = field(default_factory=list)
     position: Position | None = None   # mid-epoch: where the epoch in progress stands
     resumed: bool = False
+    input_spec: tuple = ()             # (train set, repr of normalisation, InputSpec): measured once per data
 
     @property
     def holds_training(self) -> bool:
@@ -112,7 +116,11 @@ class DeepLearningTask:
     _session: list = field(default_factory=list, compare=False, repr=False)
 
     # ---- chained setters ------------------------------------------------------------------------------
-    def model(self, bp: BluePrint) -> "DeepLearningTask":
+    def model(self, bp: BluePrint | None = None) -> "DeepLearningTask | Model":
+        """`.model(bp)` sets the network (a new task); `.model()` returns the trained network as a
+        `blueprint.Model` (weights, BluePrint and the input normalisation) for inference and export."""
+        if bp is None:
+            return self._inference_model()
         if not isinstance(bp, BluePrint):
             raise TypeError(f"DeepLearningTask.model(bp): expected a BluePrint (e.g. zoo.resnet20()), got {type(bp).__name__}")
         return self._new(blueprint_value=bp)
@@ -492,12 +500,37 @@ class DeepLearningTask:
                  "optimizer": repr(self.optimizer_config), "loss": repr(self.loss_config),
                  "scheduler": repr(self.scheduler_config), "epochs_done": session.epochs_done,
                  "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
-                 "sample_shape": list(self.train_set.sample_shape),
+                 "sample_shape": list(self.train_set.sample_shape), "input": self._input_spec().as_state(),
                  "position": None if position is None else position.as_state(),
                  "history": [r.as_dict() for r in session.history]}
         path = Path(path)
         save_checkpoint(path, tensors, state)
         return path
+
+    def _input_spec(self):
+        """The input the network was trained on, stored with the weights: layout, dtype, normalisation.
+        Measured once per training set (a pass over CIFAR-10 takes seconds), not at every save."""
+        from blueprint._model import InputSpec
+        session = self.session()
+        measured = (self.train_set, repr(self.normalisation))
+        if session.input_spec and session.input_spec[0] is measured[0] and session.input_spec[1] == measured[1]:
+            return session.input_spec[2]
+        _, _, (mean, std) = self._loaders()
+        x = self.train_set.x
+        flat = x.reshape(-1, x.shape[-1]) if x.dtype == np.float32 and len(x) else None
+        spec = InputSpec(self.train_set.sample_shape, str(x.dtype), mean, std,
+                         None if flat is None else tuple(flat.min(axis=0)),
+                         None if flat is None else tuple(flat.max(axis=0)))
+        session.input_spec = measured + (spec,)
+        return spec
+
+    def _inference_model(self):
+        from blueprint._model import Model
+        if not self._session or not self._session[0].holds_training:
+            raise ConfigError("task.model() returns the trained network: call fit() (or resume(path)) first; "
+                              "to set the network use .model(bp)")
+        model = Model(self.blueprint_value, self._input_spec(), seed=self.seed_value)
+        return model.load_state_dict(self._session[0].executor.state_dict())
 
     def resume(self, path) -> "DeepLearningTask":
         """Load a checkpoint into this task's session; `fit()` then continues where it stopped (at the

@@ -1,0 +1,184 @@
+"""ONNX export of a Model's eval graph, built with the `onnx` package from the plan's eval schedule.
+
+The boundary is NCHW, as ONNX consumers expect: input ``input`` float32 (N, C, H, W), already
+normalised (``(pixel / divisor - mean) / std``; the values are in the model's metadata under
+``blueprint.input``), output ``logits`` float32 (N, classes). The weights are the PyTorch-layout
+state dict (conv OIHW, fc features in C, H, W order), so the graph is the one a torchvision
+export would give. Opset 17; the batch axis is dynamic unless a batch size is given.
+
+One row per primitive kind in `NODES`; a kind without a row is refused naming it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+OPSET = 17
+IR_VERSION = 8          # the IR version of opset 17: readable by every runtime that runs opset 17
+INPUT, OUTPUT = "input", "logits"
+BATCH_AXIS = "batch"
+
+
+class _Graph:
+    """Nodes and initialisers being built; ONNX names of the plan's tensors as the schedule runs."""
+
+    def __init__(self, plan, weights):
+        self.plan, self.nodes, self.initializers = plan, [], []
+        self.names = {plan.io["input"]: INPUT}
+        self.param_names = {p.tensor: p.name for p in plan.params}
+        self.weights, self.added = weights, set()
+
+    def input(self, op, role="x") -> str:
+        return self.names[op.read(role)]
+
+    def param(self, op, role) -> str:
+        name = self.param_names[op.read(role)]
+        if name not in self.added:     # a parameter read by two ops is stored once
+            from onnx import numpy_helper
+            self.added.add(name)
+            self.initializers.append(numpy_helper.from_array(np.asarray(self.weights[name], np.float32), name))
+        return name
+
+    def constant(self, name: str, value) -> str:
+        from onnx import numpy_helper
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def node(self, kind: str, inputs: list[str], output: str, **attrs) -> str:
+        from onnx import helper
+        self.nodes.append(helper.make_node(kind, inputs, [output], name=output, **attrs))
+        return output
+
+    def output(self, op, name: str) -> None:
+        self.names[op.written("y")] = name
+
+
+def _window(layer) -> dict:
+    k, s, p = layer.param("kernel"), layer.param("stride"), layer.param("padding")
+    return {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4}
+
+
+def _conv(g, layer, op, out):
+    window = _window(layer)
+    return g.node("Conv", [g.input(op), g.param(op, "weight")], out, group=layer.param("groups"),
+                  dilations=[1, 1], **window)
+
+
+def _bn(g, layer, op, out):
+    return g.node("BatchNormalization", [g.input(op)] + [g.param(op, r) for r in
+                  ("weight", "bias", "running_mean", "running_var")], out, epsilon=float(layer.param("eps")))
+
+
+def _simple(kind):
+    return lambda g, layer, op, out: g.node(kind, [g.input(op)], out)
+
+
+def _relu6(g, layer, op, out):
+    return g.node("Clip", [g.input(op), g.constant(out + ".min", 0.0), g.constant(out + ".max", 6.0)], out)
+
+
+def _leaky_relu(g, layer, op, out):
+    return g.node("LeakyRelu", [g.input(op)], out, alpha=float(layer.param("slope")))
+
+
+def _silu(g, layer, op, out):
+    return g.node("Mul", [g.input(op), g.node("Sigmoid", [g.input(op)], out + ".sigmoid")], out)
+
+
+def _gelu(g, layer, op, out):
+    """0.5 x (1 + erf(x / sqrt 2)), the exact GELU (ONNX's Gelu op needs opset 20)."""
+    x = g.input(op)
+    erf = g.node("Erf", [g.node("Mul", [x, g.constant(out + ".rsqrt2", 1 / math.sqrt(2))], out + ".scaled")],
+                 out + ".erf")
+    half_x = g.node("Mul", [x, g.constant(out + ".half", 0.5)], out + ".half_x")
+    return g.node("Mul", [half_x, g.node("Add", [erf, g.constant(out + ".one", 1.0)], out + ".cdf2")], out)
+
+
+def _fc(g, layer, op, out):
+    inputs = [g.input(op), g.param(op, "weight")] + ([g.param(op, "bias")] if op.read("bias") is not None else [])
+    return g.node("Gemm", inputs, out, transB=1)
+
+
+def _flatten(g, layer, op, out):
+    return g.node("Flatten", [g.input(op)], out, axis=1)
+
+
+def _maxpool(g, layer, op, out):
+    return g.node("MaxPool", [g.input(op)], out, **_window(layer))
+
+
+def _avgpool(g, layer, op, out):
+    return g.node("AveragePool", [g.input(op)], out, count_include_pad=1, **_window(layer))
+
+
+def _gap(g, layer, op, out):
+    return g.node("Flatten", [g.node("GlobalAveragePool", [g.input(op)], out + ".pooled")], out, axis=1)
+
+
+def _channel_pad(g, layer, op, out):
+    from onnx import numpy_helper
+    shape = g.plan.tensor(op.read("x")).shape              # the plan's NHWC (or (N, F)) shape
+    extra = layer.param("out_channels") - shape[-1]
+    pads = [0, 0, 0, extra] if len(shape) == 2 else [0, 0, 0, 0, 0, extra, 0, 0]   # channel axis 1 in NCHW
+    g.initializers.append(numpy_helper.from_array(np.asarray(pads, np.int64), out + ".pads"))
+    return g.node("Pad", [g.input(op), out + ".pads"], out)
+
+
+def _add(g, layer, op, out):
+    return g.node("Add", [g.input(op, "a"), g.input(op, "b")], out)
+
+
+NODES = {"conv": _conv, "bn2d": _bn, "bn1d": _bn, "relu": _simple("Relu"), "relu6": _relu6,
+         "leaky_relu": _leaky_relu, "sigmoid": _simple("Sigmoid"), "tanh": _simple("Tanh"), "silu": _silu,
+         "hardswish": _simple("HardSwish"), "gelu": _gelu, "dropout": _simple("Identity"),
+         "identity": _simple("Identity"), "flatten": _flatten, "fc": _fc, "maxpool": _maxpool,
+         "avgpool": _avgpool, "gap": _gap, "channel_pad": _channel_pad, "add": _add}
+
+
+def build_onnx(model, batch: int | None = None):
+    """The `onnx.ModelProto` of ``model``'s eval graph (checked with `onnx.checker`)."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError as error:
+        raise ImportError(f"ONNX export needs the onnx package: pip install 'blueprint-nn[onnx]' ({error})") from error
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError(f"export_onnx(batch=...): expected a positive int or None (dynamic), got {batch!r}")
+    plan = model.eval_plan(1)
+    g = _Graph(plan, model.state_dict())
+    for op in plan.graphs["eval"].ops:
+        if op.direction != "forward":
+            continue
+        layer = plan.arch.layers[op.layer]
+        if layer.kind not in NODES:
+            raise NotImplementedError(f"ONNX export has no node for layer kind {layer.kind!r} ({layer.path}); add "
+                                      "a row to blueprint/_onnx.py NODES")
+        g.output(op, NODES[layer.kind](g, layer, op, f"{layer.name}.{op.index}"))
+    logits = plan.io["logits"]
+    if logits not in g.names:
+        raise NotImplementedError(f"ONNX export: the eval schedule never writes the logits tensor {logits}")
+    g.node("Identity", [g.names[logits]], OUTPUT)
+    h, w, c = model.spec.sample_shape
+    n = BATCH_AXIS if batch is None else batch
+    graph = helper.make_graph(g.nodes, model.blueprint.name or "blueprint",
+                              [helper.make_tensor_value_info(INPUT, TensorProto.FLOAT, [n, c, h, w])],
+                              [helper.make_tensor_value_info(OUTPUT, TensorProto.FLOAT, [n, model.classes])],
+                              g.initializers)
+    proto = helper.make_model(graph, producer_name="blueprint-nn", opset_imports=[helper.make_opsetid("", OPSET)])
+    proto.ir_version = IR_VERSION
+    helper.set_model_props(proto, {"blueprint.input": json.dumps(model.spec.as_state()),
+                                   "blueprint.model": repr(model.blueprint)})
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def export_onnx(model, path, batch: int | None = None) -> Path:
+    """Write ``model``'s eval graph to ``path`` (see the module docstring for the boundary)."""
+    import onnx
+    proto = build_onnx(model, batch)
+    path = Path(path)
+    onnx.save(proto, str(path))
+    return path
