@@ -126,15 +126,11 @@ def test_a_bad_state_dict_loads_nothing():
 
 
 def torch_resnet18():
-    """torchvision's own resnet18 where torchvision imports; else the project's hand-written oracle
-    (benchmarks/torch_models.py, torchvision's module names and layouts)."""
-    try:
-        import torchvision
-        return torchvision.models.resnet18(), "torchvision"
-    except Exception:   # torchvision absent, or its C++ ops fail to register against this torch
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-        import torch_models
-        return torch_models.resnet18(), "benchmarks/torch_models.py"
+    """torchvision's own resnet18 (tests/support/torchvision_ref.py imports it even where its C++
+    operators fail to register against this torch build)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    import torchvision_ref
+    return torchvision_ref.torchvision_or_skip().models.resnet18(), "torchvision"
 
 
 def test_torchvision_resnet18_weights_load_into_the_zoo_model_and_logits_match():
