@@ -122,6 +122,7 @@ class StepRunner:
         self.tape, self.mode, self.fell_back, self.reason = tape, plan.mode, plan.fell_back, plan.reason
         self.before, self.kernels, self.after = tape.segments()
         self.graph = None
+        tape.compile_kernels()   # all compiles here, seen by fit()'s CompileWatch, none during the first step
 
     def run(self, stream):
         """One step on ``stream``; asynchronous except for the capture after the first graph-mode run."""

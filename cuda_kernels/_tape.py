@@ -52,6 +52,14 @@ class LaunchTape:
             raise TypeError("LaunchTape.add: kernels are recorded with launch(), which checks their arguments")
         self._entries.append(entry)
 
+    def compile_kernels(self):
+        """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``)."""
+        seen = set()
+        for entry in self._entries:
+            if entry.kind == "kernel" and entry.spec.name not in seen:
+                seen.add(entry.spec.name)
+                entry.spec.compile()
+
     def replay(self, stream=0):
         """Run every entry, in order, on ``stream`` (no host synchronisation)."""
         for entry in self._entries:

@@ -4,8 +4,11 @@ On a terminal each epoch shows a progress bar redrawn per batch, replaced at the
 by one Keras-like line; anywhere else (a CI log, `2> file`) only that line is written, once per
 epoch. The first numba compilation in a run prints a one-time notice, and the epoch line says how
 long compiling took: numba's "numba:compile" event fires only when a kernel is really compiled (a
-disk-cache miss), never when one is loaded from the cache, so the notice appears on the first run
-on a machine and not afterwards. Everything goes to stderr, so stdout keeps the result alone
+disk-cache miss), never when one is loaded from the cache, so on the CPU path the notice appears on
+the first run on a machine and not afterwards. The CUDA kernels are not cached on disk: the CUDA
+executor compiles each recorded step's kernels once per process, before the step's first replay,
+inside the same event (`cuda_kernels._registry.KernelSpec.compile`), so the notice and the img/s
+correction cover them too. Everything goes to stderr, so stdout keeps the result alone
 (`blueprint train --json > result.json`).
 """
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sys
 import time
 from contextlib import ExitStack
 
-COMPILE_NOTICE = "compiling kernels (first run on this machine, cached afterwards) ..."
+COMPILE_NOTICE = "compiling kernels (CPU: first run on this machine, cached afterwards; CUDA: once per process) ..."
 
 
 class CompileWatch:
@@ -29,8 +32,6 @@ class CompileWatch:
         self._stack = ExitStack()
 
     def __enter__(self) -> "CompileWatch":
-        # numba-cuda's CUDADispatcher fires no compile event: compiling the CUDA kernels is not seen
-        # here, so the notice and the img/s correction cover the CPU path only
         from numba.core import event
         self._stack.enter_context(event.install_listener("numba:compile", _compile_listener(event, self)))
         return self

@@ -160,3 +160,30 @@ def test_depthwise_vector_kernels_move_activations_in_16_byte_vectors(name, cc):
         pytest.skip(_NO_PTXAS)
     info = ptxas_info(ptx, cc)
     assert info.spill_stores == info.spill_loads == info.stack_bytes == 0, info
+
+
+# ---- compile time is visible to fit(): KernelSpec.compile fires numba's compile event ------------------
+class _StandInDispatcher:
+    """What KernelSpec.compile uses of numba-cuda's CUDADispatcher (no GPU here to compile for)."""
+
+    def __init__(self):
+        self.overloads, self.compiled = {}, []
+
+    def compile(self, signature):
+        self.compiled.append(tuple(signature))
+        self.overloads[tuple(signature)] = object()
+
+
+def test_a_cuda_compile_is_seen_by_fits_compile_watch_once_per_signature():
+    from blueprint.task._console import CompileWatch
+    from cuda_kernels._registry import KernelSpec
+    from cuda_kernels._tape import LaunchTape
+    spec = KernelSpec("stand_in", None, _StandInDispatcher(), (H1,), ("x",))
+    tape = LaunchTape()
+    tape._entries += [SimpleNamespace(kind="kernel", spec=spec), SimpleNamespace(kind="upload"),
+                      SimpleNamespace(kind="kernel", spec=spec)]
+    notices = []
+    with CompileWatch(on_first_compile=lambda: notices.append("notice")) as watch:
+        tape.compile_kernels()
+        tape.compile_kernels()        # in memory now: no second compile, no second event
+    assert spec.kernel.compiled == [(H1,)] and notices == ["notice"] and watch.compiled and watch.seconds > 0
