@@ -25,12 +25,9 @@ import numpy as np
 
 from planner._arch import NETWORK_INPUT, ArchPlan
 from planner.memory import plan_memory
-from planner.plan import (  # noqa: F401  (the plan records, importable from here as before)
-    DTYPE_BYTES, PERSISTENT_REGIONS, PLANNED_REGIONS, REGIONS, CompiledPlan, ComputationGraph, Op, Operand, ParamSpec,
-    Region, Role, Shape, TensorSpec, VariantPlan,
-)
+from planner.plan import CompiledPlan, Shape, VariantPlan
 from planner.registry import REGISTRY, ParamRule, ShapeError
-from planner.schedule import SCALARS, build_graph, persistent_tensors, primitive_list, setting, size_slot  # noqa: F401
+from planner.schedule import build_graph, persistent_tensors, primitive_list, setting_for
 
 
 # ---- phase 1 ------------------------------------------------------------------------------------
@@ -116,7 +113,7 @@ class Compiler:
             variants_of.setdefault(graph, []).append(name)
         value_shapes, param_shapes = infer_shapes(arch, variants)                        # 1
         act_dtype = "float16" if arch.amp else "float32"
-        s = setting(arch, value_shapes, variants_of, act_dtype, training, optimizer_state_slots if training else 0)
+        s = setting_for(arch, value_shapes, variants_of, act_dtype, training, optimizer_state_slots if training else 0)
         persistent = persistent_tensors(s, param_shapes)                                 # 4 (and 2)
         graphs, tensors = {}, list(persistent.tensors)
         for graph in sorted(variants_of, reverse=True):

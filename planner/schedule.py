@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
 from planner.plan import (
-    DTYPE_BYTES, INPUT_GRADIENTS, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
+    DTYPE_BYTES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
     TensorSpec, role_named,
 )
 from planner.registry import KINDS_WITH_EXTRAS, REGISTRY, ShapeError
@@ -96,7 +96,7 @@ class Setting:
         return self.arch.layers[-1].output
 
 
-def setting(arch, value_shapes, variants_of, act_dtype, training, slots) -> Setting:
+def setting_for(arch, value_shapes, variants_of, act_dtype, training, slots) -> Setting:
     prims = tuple(primitive_list(arch))
     positions_of: dict[int, list[int]] = {}
     for position, (owner, _) in enumerate(prims):
@@ -168,7 +168,8 @@ def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
     io = {"input": make.new("input", Region.IO, s.act_dtype,
                             {v: s.value_shapes[v][NETWORK_INPUT][:3] + (padded,) for v in variants}),
           "labels": make.new("labels", Region.IO, "int64", {v: s.value_shapes[v][NETWORK_INPUT][:1] for v in variants}),
-          "logits": make.new("logits", Region.IO, s.act_dtype, {v: s.value_shapes[v][s.logits_value] for v in variants})}
+          "logits": make.new("logits", Region.IO, s.act_dtype,
+                             {v: s.value_shapes[v][s.logits_value] for v in variants})}
     for name, dtype in SCALARS:
         io[name] = make.new(name, Region.SCALARS, dtype, ())
     return io
@@ -226,7 +227,8 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
     return extras_of
 
 
-def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str, phase: str) -> list[tuple[Role, int, bool]]:
+def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
+                   phase: str) -> list[tuple[Role, int, bool]]:
     """(role, tensor, saved) of the extras a primitive's `phase` ("f" forward, "b" backward) writes."""
     out = []
     eval_workspaces = graph == "eval" and not REGISTRY[prim.kind].train_only_extras
@@ -387,7 +389,8 @@ def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, po
     reads += [Operand(Role.WEIGHT, spec.tensor) for spec in p.params_at.get(position, ()) if spec.role is Role.WEIGHT]
     reads += [Operand(role, tid) for role, tid in forward.saved_extras.get(position, ())]
     if position in extras_of:
-        writes += [Operand(role, tid) for role, tid, _ in _extra_tensors(s, make, prim, extras_of[position], graph, "b")]
+        made = _extra_tensors(s, make, prim, extras_of[position], graph, "b")
+        writes += [Operand(role, tid) for role, tid, _ in made]
 
 
 def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None:
@@ -449,9 +452,10 @@ def optimizer_op(p: Persistent, index: int) -> Op:
     trainable = [spec for spec in p.params if spec.grad >= 0]
     slots = len(trainable[0].state) if trainable else 0
     state = [Operand(Role.STATE, spec.state[slot]) for slot in range(slots) for spec in trainable]
-    reads = [Operand(Role.GRAD, spec.grad) for spec in trainable] + [Operand(Role.PARAM, spec.tensor) for spec in trainable]
-    reads += state + [Operand(Role.LR, p.io["lr"]), Operand(Role.STEP, p.io["step"])]
-    writes = [Operand(Role.PARAM, spec.tensor) for spec in trainable] + state + [Operand(Role.STEP, p.io["step"])]
+    params = [Operand(Role.PARAM, spec.tensor) for spec in trainable]
+    reads = [Operand(Role.GRAD, spec.grad) for spec in trainable] + params + state
+    reads += [Operand(Role.LR, p.io["lr"]), Operand(Role.STEP, p.io["step"])]
+    writes = params + state + [Operand(Role.STEP, p.io["step"])]
     return Op(index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
 
 

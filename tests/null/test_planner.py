@@ -28,8 +28,9 @@ from blueprint import (
 )
 from planner import ArchPlan, ExpandError
 from planner._build import is_compiled, source
-from planner.compiler import Compiler, size_slot
+from planner.compiler import Compiler
 from planner.plan import Role
+from planner.schedule import size_slot
 from planner.registry import ShapeError
 from planner.verify import PlanError
 
