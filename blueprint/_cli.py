@@ -25,7 +25,7 @@ from blueprint._summary import compile_plan, format_summary, layer_rows, text_ta
 from blueprint._predict_command import add_export_command, add_predict_command
 from blueprint._train_command import add_train_command
 from planner import ExpandError, build_kind
-from planner.compiler import CompiledPlan
+from planner.plan import CompiledPlan
 from planner.memory import lifetimes
 from planner.registry import ShapeError
 from planner.verify import PlanError

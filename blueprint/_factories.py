@@ -1,7 +1,7 @@
 """The DSL factories. Each validates its arguments when called and returns a frozen `Layer`.
 
 Errors name the factory and the argument: `conv(): kernel must be a positive int, got 0`.
-`layer_code` is the inverse: it prints the factory call that rebuilds a layer.
+`blueprint._layer.layer_code` is the inverse: it prints the factory call that rebuilds a layer.
 """
 from __future__ import annotations
 
@@ -325,90 +325,3 @@ def mbconv(expand_ratio, out_ch, stride, k=3) -> Layer:
     if kernel % 2 == 0:
         raise ValueError(f"mbconv(): k must be odd (padding is (k-1)/2), got {kernel}")
     return Layer(Kind.MBCONV, MbconvParams(ratio, out, stride, kernel))
-
-
-# ---- printing ----------------------------------------------------------------------------
-_DEFAULT_BN = BnParams(0.1, 1e-5)
-
-
-def _args(layer: Layer) -> list[str]:
-    p = layer.params
-    kind = layer.kind
-    if kind in (Kind.CONV,):
-        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.CONV_DW:
-        return [str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.GROUP_CONV:
-        return [str(p.out_channels), str(p.groups), str(p.kernel), str(p.stride), str(p.padding)]
-    if kind in (Kind.MAXPOOL, Kind.AVGPOOL):
-        return [str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.BN:
-        return [] if p == _DEFAULT_BN else [repr(p.momentum), repr(p.eps)]
-    if kind is Kind.LEAKY_RELU:
-        return [repr(p.slope)]
-    if kind is Kind.DROPOUT:
-        return [repr(p.p)]
-    if kind in (Kind.FC, Kind.GAP_FC):
-        return [str(p.out_features)] + ([] if p.bias else ["False"])
-    if kind is Kind.CHANNEL_PADDING:
-        return [str(p.multiple)]
-    if kind is Kind.CBR:
-        extra = [] if (p.momentum, p.eps) == (0.1, 1e-5) else [repr(p.momentum), repr(p.eps)]
-        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)] + extra
-    if kind is Kind.CBRP:
-        return [str(v) for v in (p.out_channels, p.conv_kernel, p.conv_stride, p.conv_padding,
-                                 p.pool_kernel, p.pool_stride, p.pool_padding)]
-    if kind is Kind.BLOCK:
-        channels = [] if p.mid_channels is None else [str(p.mid_channels)]
-        return channels + [str(p.out_channels), repr(p.style)]
-    if kind is Kind.MBCONV:
-        return [str(p.expand_ratio), str(p.out_channels), str(p.stride)] + ([] if p.kernel == 3 else [str(p.kernel)])
-    if kind is Kind.REPEAT:
-        return [str(p.times)]
-    if kind is Kind.NAMED:
-        return [repr(p.name)]
-    return []
-
-
-def layer_code(layer: Layer) -> str:
-    """DSL code that rebuilds `layer`: `eval(layer_code(x)) == x` with `from blueprint import *`.
-
-    Iterative: a stack of nodes still to print and text to emit after their children."""
-    out, stack = [], [layer]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            out.append(item)
-            continue
-        parts = _container_parts(item)
-        if parts is None:
-            out.append(f"{item.kind.value}({', '.join(_args(item))})")
-            continue
-        prefix, suffix = parts
-        out.append(prefix)
-        stack.append(suffix)
-        for index in reversed(range(len(item.children))):
-            stack.append(item.children[index])
-            if index:
-                stack.append(", ")
-    return "".join(out)
-
-
-def _container_parts(layer: Layer) -> tuple[str, str] | None:
-    """The code around a container's children (`seq(` ... `)`), or None for a leaf."""
-    if layer.kind in (Kind.SEQ, Kind.ADD2):
-        return f"{layer.kind.value}(", ")"
-    if layer.kind is Kind.REPEAT:
-        return "repeat(", f", {layer.params.times})"
-    if layer.kind is Kind.NAMED:
-        return f"named({layer.params.name!r}, ", ")"
-    return None
-
-
-def layer_head(layer: Layer) -> str:
-    """One line for `pretty()`: containers print their kind, leaves their full code."""
-    if layer.kind in (Kind.SEQ, Kind.ADD2):
-        return layer.kind.value
-    if layer.kind in (Kind.REPEAT, Kind.NAMED):
-        return f"{layer.kind.value}({', '.join(_args(layer))})"
-    return layer_code(layer)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.plan import Role
+
 OPSET = 17
 IR_VERSION = 8          # the IR version of opset 17: readable by every runtime that runs opset 17
 INPUT, OUTPUT = "input", "logits"
@@ -31,7 +33,7 @@ class _Graph:
         self.param_names = {p.tensor: p.name for p in plan.params}
         self.weights, self.added = weights, set()
 
-    def input(self, op, role="x") -> str:
+    def input(self, op, role=Role.X) -> str:
         return self.names[op.read(role)]
 
     def param(self, op, role) -> str:
@@ -53,7 +55,7 @@ class _Graph:
         return output
 
     def output(self, op, name: str) -> None:
-        self.names[op.written("y")] = name
+        self.names[op.written(Role.Y)] = name
 
 
 def _window(layer) -> dict:
@@ -63,13 +65,13 @@ def _window(layer) -> dict:
 
 def _conv(g, layer, op, out):
     window = _window(layer)
-    return g.node("Conv", [g.input(op), g.param(op, "weight")], out, group=layer.param("groups"),
+    return g.node("Conv", [g.input(op), g.param(op, Role.WEIGHT)], out, group=layer.param("groups"),
                   dilations=[1, 1], **window)
 
 
 def _bn(g, layer, op, out):
-    return g.node("BatchNormalization", [g.input(op)] + [g.param(op, r) for r in
-                  ("weight", "bias", "running_mean", "running_var")], out, epsilon=float(layer.param("eps")))
+    params = [g.param(op, role) for role in (Role.WEIGHT, Role.BIAS, Role.RUNNING_MEAN, Role.RUNNING_VAR)]
+    return g.node("BatchNormalization", [g.input(op)] + params, out, epsilon=float(layer.param("eps")))
 
 
 def _simple(kind):
@@ -98,7 +100,8 @@ def _gelu(g, layer, op, out):
 
 
 def _fc(g, layer, op, out):
-    inputs = [g.input(op), g.param(op, "weight")] + ([g.param(op, "bias")] if op.read("bias") is not None else [])
+    bias = [g.param(op, Role.BIAS)] if op.read(Role.BIAS) is not None else []
+    inputs = [g.input(op), g.param(op, Role.WEIGHT)] + bias
     return g.node("Gemm", inputs, out, transB=1)
 
 
@@ -120,7 +123,7 @@ def _gap(g, layer, op, out):
 
 def _channel_pad(g, layer, op, out):
     from onnx import numpy_helper
-    shape = g.plan.tensor(op.read("x")).shape              # the plan's NHWC (or (N, F)) shape
+    shape = g.plan.tensor(op.read(Role.X)).shape              # the plan's NHWC (or (N, F)) shape
     extra = layer.param("out_channels") - shape[-1]
     pads = [0, 0, 0, extra] if len(shape) == 2 else [0, 0, 0, 0, 0, extra, 0, 0]   # channel axis 1 in NCHW
     g.initializers.append(numpy_helper.from_array(np.asarray(pads, np.int64), out + ".pads"))
@@ -128,7 +131,7 @@ def _channel_pad(g, layer, op, out):
 
 
 def _add(g, layer, op, out):
-    return g.node("Add", [g.input(op, "a"), g.input(op, "b")], out)
+    return g.node("Add", [g.input(op, Role.A), g.input(op, Role.B)], out)
 
 
 NODES = {"conv": _conv, "bn2d": _bn, "bn1d": _bn, "relu": _simple("Relu"), "relu6": _relu6,

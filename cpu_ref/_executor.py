@@ -15,6 +15,7 @@ from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
 from planner.executor_api import ExecutorBase, InputError, dropout_seed
 from planner.init import initial_parameters
+from planner.plan import Role
 from planner.registry import ACTIVATION_CODE
 
 
@@ -236,8 +237,10 @@ def _add_fwd(ex, layer, op, views):
 
 
 # backward handlers
-def _acc(op, role="dx"):
-    return bool(op.attr("accumulate_" + role, False))
+def _acc(op, role=Role.DX):
+    """Whether the input gradient written in `role` adds onto what an earlier op wrote there."""
+    operand = op.writing(role)
+    return operand is not None and operand.accumulate
 
 
 def _conv_bwd(ex, layer, op, views):

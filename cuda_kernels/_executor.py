@@ -22,6 +22,7 @@ from numba import cuda
 
 from planner.executor_api import ExecutorBase, InputError
 from planner.init import initial_parameters
+from planner.plan import Role
 
 from ._arena import DeviceArena
 from ._elementwise import cast_f32_to_f16
@@ -98,15 +99,14 @@ class CudaExecutor(ExecutorBase):
         self.arena = DeviceArena(plan.memory.arena_bytes)
         self.arena.zero(Immediate(self.stream))
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
-        self._tracked = {p.tensor for p in plan.params if p.name.endswith("num_batches_tracked")}
+        self._tracked = {p.tensor for p in plan.params if p.role is Role.NUM_BATCHES_TRACKED}
         self._bn_forwards = 0   # training forwards since the BN counters were last written
         self._regions = {name: self._region_view(name, dtype) for name, dtype in
                          (("params", np.float32), ("grads", np.float32), ("optim", np.float32),
                           ("weights16", np.float16))}
         self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
                          if plan.tensor(tid).region == "scalars"}
-        copies = {t.name[len("fp16."):]: t.id for t in plan.tensors if t.region == "weights16"}
-        self._half = {p.tensor: self._persistent[copies[p.name]] for p in plan.params if p.name in copies}
+        self._half = {p.tensor: self._persistent[p.half] for p in plan.params if p.half >= 0}
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
         self._staging: dict[tuple[str, str], Staging] = {}

@@ -14,10 +14,10 @@ fusions of DESIGN.md §5 where its schedule allows them:
   fused apply, only where a backward kernel reads them; then each primitive's backward runs
   in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces.
 
-Roles are the planner's (``planner.compiler``): unfused ops read ``x``/``a``/``b``,
-``weight``, ``save_mean``, ...; fused ops prefix them with the primitive's position
-(``3:weight``) and name saved / recomputed values and internal gradients ``saved<v>``,
-``recompute<v>``, ``grad<v>``, their inputs' gradients ``dx<i>``.
+Operands are the planner's (``planner.plan.Operand``): unfused ops read ``Role.X``/``A``/``B``,
+``WEIGHT``, ``SAVE_MEAN``, ...; fused ops name the primitive's ``position`` too
+(``op.read(Role.WEIGHT, 3)``) and the ``value`` of saved / recomputed values and internal
+gradients (``Role.SAVED``, ``RECOMPUTE``, ``GRAD``) and of their inputs' gradients (``Role.DX``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
+from planner.plan import PARAM_GRADIENT, Role
 
 from . import _batchnorm, _elementwise, _loss, _optim, _pool
 from ._elementwise import ACTIVATION_SAVES_OUTPUT
@@ -43,7 +44,7 @@ def activation_code(kind):
 
 
 def input_roles(prim):
-    return ("a", "b") if prim.kind == "add" else ("x",)
+    return (Role.A, Role.B) if prim.kind == "add" else (Role.X,)
 
 
 def as_2d(a):
@@ -82,26 +83,27 @@ class StepContext:
 
 
 class _OpView:
-    """The views of one op, by role; fused ops prefix roles with the primitive's position."""
+    """The views of one op, by role; fused ops name the primitive's position too."""
 
     def __init__(self, ctx, op, layer):
         self.ctx, self.op, self.layer = ctx, op, layer
         self.fused = bool(layer.sub)
         self.prims = list(zip(ctx.positions[op.layer], layer.sub or (layer,)))
 
-    def tag(self, position):
-        return f"{position}:" if self.fused else ""
+    def at(self, position):
+        """The operand position of the primitive at ``position``: unfused ops have one, named -1."""
+        return position if self.fused else -1
 
-    def read(self, role):
-        tid = self.op.read(role)
+    def read(self, role, position=-1, value=-1):
+        tid = self.op.read(role, position, value)
         return None if tid is None else self.ctx.views[tid]
 
-    def written(self, role):
-        tid = self.op.written(role)
+    def written(self, role, position=-1, value=-1):
+        tid = self.op.written(role, position, value)
         return None if tid is None else self.ctx.views[tid]
 
-    def param(self, position, suffix, half=False):
-        tid = self.op.read(self.tag(position) + suffix)
+    def param(self, position, role, half=False):
+        tid = self.op.read(role, self.at(position))
         if tid is None:
             return None
         return self.ctx.half[tid] if half else self.ctx.views[tid]
@@ -130,9 +132,9 @@ def _run_chain(launcher, ov, steps, mode, keep):
             sums = None
             if (mode == "train" and following is not None and following.prim.kind in BATCHNORM
                     and following.prim.inputs[0] == prim.output):
-                sums = (ov.written(ov.tag(following.position) + "save_mean"),
-                        ov.written(ov.tag(following.position) + "save_invstd"))
-            ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, "weight", half=True),
+                at = ov.at(following.position)
+                sums = ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at)
+            ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT, half=True),
                                        step.out, prim.param("stride"), prim.param("padding"), prim.param("groups"),
                                        bn_sums=sums)
             if sums is not None:
@@ -164,21 +166,21 @@ def _batchnorm_chain(launcher, ov, steps, i, mode, keep):
         activation, last = nxt.prim.kind, last + 1
     out = steps[last].out
     x2d, y2d = as_2d(bn.inputs[0]), as_2d(out)
-    tag, prim = ov.tag(bn.position), bn.prim
-    gamma, beta = ov.param(bn.position, "weight"), ov.param(bn.position, "bias")
+    at, prim = ov.at(bn.position), bn.prim
+    gamma, beta = ov.param(bn.position, Role.WEIGHT), ov.param(bn.position, Role.BIAS)
     eps = prim.param("eps")
     if mode == "train":
         _batchnorm.batchnorm_forward_train(
-            launcher, x2d, gamma, beta, y2d, ov.written(tag + "save_mean"), ov.written(tag + "save_invstd"),
-            ov.param(bn.position, "running_mean"), ov.param(bn.position, "running_var"), prim.param("momentum"), eps,
+            launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
+            ov.param(bn.position, Role.RUNNING_MEAN), ov.param(bn.position, Role.RUNNING_VAR), prim.param("momentum"), eps,
             activation=activation, residual=residual, sums_ready=bn.sums_ready)
     elif mode == "eval":
-        _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(bn.position, "running_mean"),
-                                          ov.param(bn.position, "running_var"), eps, y2d, activation=activation,
+        _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(bn.position, Role.RUNNING_MEAN),
+                                          ov.param(bn.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
                                           residual=residual)
     else:
-        _batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(tag + "save_mean"),
-                                         ov.read(tag + "save_invstd"), eps, y2d, activation=activation,
+        _batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(Role.SAVE_MEAN, at),
+                                         ov.read(Role.SAVE_INVSTD, at), eps, y2d, activation=activation,
                                          residual=residual)
     return last + 1
 
@@ -190,14 +192,14 @@ def _forward_primitive(launcher, ov, step, mode):
     elif kind == "add":
         _elementwise.add_forward(launcher, x, step.inputs[1], y)
     elif kind == "fc":
-        ov.ctx.gemm.linear_forward(launcher, as_2d(x), ov.param(step.position, "weight", half=True),
-                                   ov.param(step.position, "bias"), y)
+        ov.ctx.gemm.linear_forward(launcher, as_2d(x), ov.param(step.position, Role.WEIGHT, half=True),
+                                   ov.param(step.position, Role.BIAS), y)
     elif kind == "gap":
         _pool.gap_forward(launcher, x, y)
     elif kind == "flatten":
         _elementwise.accumulate_into(launcher, y, x.reshape(y.shape), False)
     elif kind == "maxpool":
-        _pool.maxpool_forward(launcher, x, y, ov.written(ov.tag(step.position) + "argmax"), prim.param("kernel"),
+        _pool.maxpool_forward(launcher, x, y, ov.written(Role.ARGMAX, ov.at(step.position)), prim.param("kernel"),
                               prim.param("stride"), prim.param("padding"))
     elif kind == "avgpool":
         _pool.avgpool_forward(launcher, x, y, prim.param("kernel"), prim.param("stride"), prim.param("padding"))
@@ -205,7 +207,7 @@ def _forward_primitive(launcher, ov, step, mode):
         _elementwise.channel_pad_forward(launcher, x, y)
     elif kind == "dropout":
         if mode == "train":   # p = 0 too: the backward reads the mask (all ones then)
-            _elementwise.dropout_forward(launcher, x, y, ov.written(ov.tag(step.position) + "mask"), prim.param("p"),
+            _elementwise.dropout_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)), prim.param("p"),
                                          dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
         else:
             _elementwise.accumulate_into(launcher, y, x, False)
@@ -219,16 +221,16 @@ def record_forward(launcher, ctx, op):
     keep = {v for v, tid in _values_written(ov).items() if ctx.plan.tensor(tid).region == "saved"}
     keep.add(ov.layer.output)
     for position, prim in ov.prims:
-        inputs = [values[v] if v in values else ov.read(ov.tag(position) + role)
+        inputs = [values[v] if v in values else ov.read(role, ov.at(position))
                   for role, v in zip(input_roles(prim), prim.inputs)]
-        out = ov.written(ov.tag(position) + "y")
+        out = ov.written(Role.Y, ov.at(position))
         values[prim.output] = out
         steps.append(_Step(position, prim, inputs, out))
     _run_chain(launcher, ov, steps, "train" if op.attr("training") else "eval", keep)
 
 
 def _values_written(ov):
-    return {prim.output: ov.op.written(ov.tag(position) + "y") for position, prim in ov.prims}
+    return {prim.output: ov.op.written(Role.Y, ov.at(position)) for position, prim in ov.prims}
 
 
 # ---- loss and optimizer ----------------------------------------------------------------------------------
@@ -272,40 +274,31 @@ class _Gradients:
 
     def of_output(self, value):
         ov = self.ov
-        return ov.read("dy") if value == ov.layer.output else ov.written(f"grad{value}")
+        return ov.read(Role.DY) if value == ov.layer.output else ov.written(Role.GRAD, value=value)
 
     def target(self, value, role=None):
         """(view or None, accumulate) for the gradient of ``value``; ``role`` for unfused ops."""
         ov = self.ov
         if ov.fused:
-            if value in ov.layer.inputs:
-                role = f"dx{ov.layer.inputs.index(value)}"
-                base = bool(ov.op.attr("accumulate_" + role, False))
-            else:
-                role, base = f"grad{value}", False
+            operand = ov.op.writing(Role.DX if value in ov.layer.inputs else Role.GRAD, value=value)
         else:
-            base = bool(ov.op.attr("accumulate_" + role, False))
-        tid = ov.op.written(role)
-        if tid is None:
+            operand = ov.op.writing(role)
+        if operand is None:
             return None, False
-        accumulate = base or tid in self.written
-        self.written.add(tid)
-        return ov.ctx.views[tid], accumulate
+        accumulate = operand.accumulate or operand.tensor in self.written
+        self.written.add(operand.tensor)
+        return ov.ctx.views[operand.tensor], accumulate
 
 
 def _forward_values(ov):
     """Values the backward can read: saved ones, and (fused) the recompute workspaces."""
     values, recompute = {}, {}
     if ov.fused:
-        for role, tid in ov.op.reads:
-            if role.startswith("saved"):
-                values[int(role[len("saved"):])] = ov.ctx.views[tid]
-        for role, tid in ov.op.writes:
-            if role.startswith("recompute"):
-                recompute[int(role[len("recompute"):])] = ov.ctx.views[tid]
+        values = {o.value: ov.ctx.views[o.tensor] for o in ov.op.reads if o.role is Role.SAVED}
+        recompute = {o.value: ov.ctx.views[o.tensor] for o in ov.op.writes if o.role is Role.RECOMPUTE}
     else:
         prim = ov.prims[0][1]
-        for role, value in (("x", prim.inputs[0]), ("y", prim.output)):
+        for role, value in ((Role.X, prim.inputs[0]), (Role.Y, prim.output)):
             if ov.read(role) is not None:
                 values[value] = ov.read(role)
     return values, recompute
@@ -357,31 +350,32 @@ def record_backward(launcher, ctx, op):
 
 
 def _backward_primitive(launcher, ov, grads, values, position, prim):
-    kind, tag = prim.kind, ov.tag(position)
+    kind, at = prim.kind, ov.at(position)
     dy = grads.of_output(prim.output)
 
-    def dparam(suffix):
-        return ov.written(tag + "d" + suffix)
+    def dparam(role):
+        return ov.written(PARAM_GRADIENT[role], at)
 
     if kind == "add":
-        for role, value in zip(("da", "db"), prim.inputs):
+        for role, value in zip((Role.DA, Role.DB), prim.inputs):
             target, accumulate = grads.target(value, role)
             if target is not None:
                 _elementwise.accumulate_into(launcher, target, dy, accumulate)
         return
-    dx, accumulate = grads.target(prim.inputs[0], "dx")
+    dx, accumulate = grads.target(prim.inputs[0], Role.DX)
     if kind == "conv":
-        ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, "weight", half=True), dy,
-                                    dx, dparam("weight"), prim.param("stride"), prim.param("padding"),
+        ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT, half=True), dy,
+                                    dx, dparam(Role.WEIGHT), prim.param("stride"), prim.param("padding"),
                                     prim.param("groups"), accumulate)
     elif kind == "fc":
         x = values[prim.inputs[0]]
-        ov.ctx.gemm.linear_backward(launcher, as_2d(x), ov.param(position, "weight", half=True), dy,
-                                    None if dx is None else as_2d(dx), dparam("weight"), dparam("bias"), accumulate)
+        ov.ctx.gemm.linear_backward(launcher, as_2d(x), ov.param(position, Role.WEIGHT, half=True), dy,
+                                    None if dx is None else as_2d(dx), dparam(Role.WEIGHT), dparam(Role.BIAS),
+                                    accumulate)
     elif kind in BATCHNORM:
-        saved = ov.read(tag + "save_mean"), ov.read(tag + "save_invstd")
-        _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, "weight"), *saved,
-                                      as_2d(dy), None if dx is None else as_2d(dx), dparam("weight"), dparam("bias"),
+        saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
+        _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
+                                      as_2d(dy), None if dx is None else as_2d(dx), dparam(Role.WEIGHT), dparam(Role.BIAS),
                                       accumulate)
     elif dx is None:
         return
@@ -394,7 +388,7 @@ def _backward_primitive(launcher, ov, grads, values, position, prim):
     elif kind == "flatten":
         _elementwise.accumulate_into(launcher, dx, dy.reshape(dx.shape), accumulate)
     elif kind == "maxpool":
-        _pool.maxpool_backward(launcher, ov.read(tag + "argmax"), dy, dx, prim.param("kernel"), prim.param("stride"),
+        _pool.maxpool_backward(launcher, ov.read(Role.ARGMAX, at), dy, dx, prim.param("kernel"), prim.param("stride"),
                                prim.param("padding"), accumulate)
     elif kind == "avgpool":
         _pool.avgpool_backward(launcher, dy, dx, prim.param("kernel"), prim.param("stride"), prim.param("padding"),
@@ -402,7 +396,7 @@ def _backward_primitive(launcher, ov, grads, values, position, prim):
     elif kind == "channel_pad":
         _elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
     elif kind == "dropout":
-        _elementwise.dropout_backward(launcher, ov.read(tag + "mask"), dy, dx, prim.param("p"), accumulate)
+        _elementwise.dropout_backward(launcher, ov.read(Role.MASK, at), dy, dx, prim.param("p"), accumulate)
     else:
         raise NotImplementedError(f"CudaExecutor has no backward kernel for {kind!r} ({prim.path})")
 

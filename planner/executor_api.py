@@ -144,12 +144,7 @@ class ExecutorBase:
     # ---- the model's state by name ---------------------------------------------------------------------
     def gradients(self) -> dict[str, np.ndarray]:
         """Parameter gradients of the last train step, by name, in PyTorch layout."""
-        grads = {}
-        for t in self.plan.tensors:
-            if t.region == "grads":
-                spec = self._param_by_name[t.name[len("grad."):]]
-                grads[spec.name] = to_torch_layout(spec, self._read(t.id))
-        return grads
+        return {p.name: to_torch_layout(p, self._read(p.grad)) for p in self.plan.params if p.grad >= 0}
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and BN statistics by name, in PyTorch layouts (copies)."""
@@ -179,7 +174,7 @@ class ExecutorBase:
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """Optimizer state tensors by name (`state0.<param>`, ...) plus the step count."""
-        state = {t.name: self._read(t.id) for t in self.plan.tensors if t.region == "optim"}
+        state = {t.name: self._read(t.id) for t in self._state_tensors()}
         state["step"] = np.array(self.step_count, dtype=np.int64)
         return state
 
@@ -187,7 +182,7 @@ class ExecutorBase:
         """Validate an `optimizer_state()` dict: every state tensor present with its exact shape (no
         broadcasting), a floating dtype and finite values; `step` an integer >= 0; `amp.*` (the CUDA
         path's loss-scale counters) finite scalars. Returns (arrays by tensor id, step)."""
-        tensors = {t.name: t for t in self.plan.tensors if t.region == "optim"}
+        tensors = {t.name: t for t in self._state_tensors()}
         problems = _Problems()
         extra = sorted(k for k in set(state) - set(tensors) - {STEP_KEY} if not k.startswith(AMP_PREFIX))
         problems.keys(sorted(set(tensors) - set(state)) + ([STEP_KEY] if STEP_KEY not in state else []), extra)
@@ -210,6 +205,12 @@ class ExecutorBase:
                 problems.add(f"{name!r} must be one finite number >= 0, got {raw.dtype} {raw.shape}")
         problems.raise_if_any("load_optimizer_state")
         return converted, step
+
+    def _state_tensors(self) -> list:
+        """The optimizer-state tensors, slot by slot (`state0.*`, then `state1.*`), as the plan lays them out."""
+        trainable = [p for p in self.plan.params if p.state]
+        slots = len(trainable[0].state) if trainable else 0
+        return [self.plan.tensor(p.state[slot]) for slot in range(slots) for p in trainable]
 
     def load_optimizer_state(self, state: dict) -> None:
         """Load an `optimizer_state()` dict; everything is validated first, so on any problem nothing is written."""

@@ -28,7 +28,7 @@ def initial_parameters(plan, seed: int) -> dict[int, np.ndarray]:
             value = np.zeros(spec.shape)
         else:
             raise ValueError(f"parameter {spec.name!r}: unknown initialiser {spec.init!r}")
-        values[spec.tensor] = value.astype(np.int64 if spec.name.endswith("num_batches_tracked") else np.float32)
+        values[spec.tensor] = value.astype(plan.tensor(spec.tensor).dtype)   # int64 counters, float32 otherwise
     return values
 
 

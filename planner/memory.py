@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.compiler import TensorSpec
 from planner.memory_alloc import assign_offsets, live_lower_bound
+from planner.plan import PERSISTENT_REGIONS, PLANNED_REGIONS, ParamSpec, Region, TensorSpec
 
 ALIGNMENT = 256
 MIRROR_ALIGNMENT = 2 * ALIGNMENT      # fp32 tensors with an fp16 mirror at half the offset
-MIRRORED_REGIONS = ("params", "grads", "optim")
-PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
+MIRRORED_REGIONS = (Region.PARAMS, Region.GRADS, Region.OPTIM)
 
 
 def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
@@ -100,32 +99,34 @@ def lifetimes(graph) -> dict[int, tuple[int, int]]:
     for op in graph.ops:
         index = op.index
         for accesses in (op.reads, op.writes):
-            for _, tid in accesses:
+            for operand in accesses:
+                tid = operand.tensor
                 if tid not in first:
                     first[tid] = index
                 last[tid] = index
     return {tid: (index, last[tid]) for tid, index in first.items()}
 
 
-def plan_memory(tensors: list[TensorSpec], graphs) -> tuple[list[TensorSpec], MemoryPlan]:
-    """Offsets for every sized tensor (see the module docstring); returns the placed TensorSpecs and the report."""
+def plan_memory(tensors: list[TensorSpec], graphs, params: tuple[ParamSpec, ...]) -> tuple[list[TensorSpec], MemoryPlan]:
+    """Offsets for every sized tensor (see the module docstring); returns the placed TensorSpecs and the report.
+    `params` link each fp16 weight copy to its parameter."""
     offsets: dict[int, int] = {}
     regions: dict[str, tuple[int, int]] = {}
     by_region: dict[str, list] = {region: [] for region in PERSISTENT_REGIONS}
-    by_graph: dict[tuple[str, str], list] = {(name, region): [] for name in graphs for region in ("saved", "transient")}
+    by_graph: dict[tuple[str, str], list] = {(name, region): [] for name in graphs for region in PLANNED_REGIONS}
     for t in tensors:
         if t.region in by_region:
             by_region[t.region].append(t)
         elif (t.graph, t.region) in by_graph:
             by_graph[t.graph, t.region].append(t)
     cursor = 0
-    mirror_of = {t.name: t for t in by_region["params"]}
+    master_of = {spec.half: spec.tensor for spec in params if spec.half >= 0}
     for region in PERSISTENT_REGIONS:
         start = cursor
-        if region == "weights16":   # fp16 copy of each parameter at half its offset in the params region
-            params_start, params_bytes = regions["params"]
+        if region == Region.WEIGHTS16:   # fp16 copy of each parameter at half its offset in the params region
+            params_start, params_bytes = regions[Region.PARAMS]
             for t in by_region[region]:
-                offsets[t.id] = start + (offsets[mirror_of[t.name[len("fp16."):]].id] - params_start) // 2
+                offsets[t.id] = start + (offsets[master_of[t.id]] - params_start) // 2
             cursor += params_bytes // 2 if by_region[region] else 0
         else:
             alignment = MIRROR_ALIGNMENT if region in MIRRORED_REGIONS else ALIGNMENT
@@ -134,13 +135,13 @@ def plan_memory(tensors: list[TensorSpec], graphs) -> tuple[list[TensorSpec], Me
                 cursor += align(t.nbytes, alignment)
         regions[region] = (start, cursor - start)
     graph_memory = {}
-    planned_size = {"saved": 0, "transient": 0}
+    planned_size = {region: 0 for region in PLANNED_REGIONS}
     placed_members = []  # (region, members, offsets relative to the region)
     for name, graph in graphs.items():
         span = lifetimes(graph)
         per_region = {}
         boundary_bytes = 0
-        for region in ("saved", "transient"):
+        for region in PLANNED_REGIONS:
             members = by_graph[name, region]
             spans = [span.get(t.id) for t in members]
             if None in spans:
@@ -157,9 +158,9 @@ def plan_memory(tensors: list[TensorSpec], graphs) -> tuple[list[TensorSpec], Me
             per_region[region] = (size, bound, no_reuse)
             if graph.boundary >= 0:
                 boundary_bytes += int(sizes[(first < graph.boundary) & (graph.boundary <= last)].sum())
-        graph_memory[name] = GraphMemory(name, per_region["saved"][0], per_region["transient"][0],
-                                         per_region["transient"][1], per_region["transient"][2], boundary_bytes)
-    for region in ("saved", "transient"):
+        saved, transient = per_region[Region.SAVED], per_region[Region.TRANSIENT]
+        graph_memory[name] = GraphMemory(name, saved[0], transient[0], transient[1], transient[2], boundary_bytes)
+    for region in PLANNED_REGIONS:
         regions[region] = (cursor, planned_size[region])
         cursor += planned_size[region]
     for region, members, placed in placed_members:

@@ -6,14 +6,15 @@ the op schedule and then fails if
   - two step-local tensors of one graph that are live at the same time overlap in memory,
   - two persistent tensors overlap, or a tensor leaves its region or the arena,
   - a tensor's slot is smaller than its shape in some variant.
+
+It imports nothing of the planner's (a CompiledPlan's `verify()` imports it): the records say
+themselves what they are (`Region.persistent`, numpy dtypes).
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-
-from planner.compiler import DTYPE_BYTES, PERSISTENT_REGIONS
 
 
 class PlanError(AssertionError):
@@ -46,24 +47,25 @@ def verify_plan(plan) -> None:
             raise PlanError(f"tensor {t.name!r} [{t.offset}, {t.offset + t.nbytes}) leaves its region "
                             f"{t.region} [{start}, {start + size}) or the arena ({arena} bytes)")
         for variant, shape in t.variant_shapes:
-            if math.prod(shape) * DTYPE_BYTES[t.dtype] > t.nbytes:
+            if math.prod(shape) * np.dtype(t.dtype).itemsize > t.nbytes:
                 raise PlanError(f"tensor {t.name!r}: its shape {shape} in variant {variant!r} does not fit its "
                                 f"slot of {t.nbytes} bytes")
-    persistent = [t for t in tensors if t.region in PERSISTENT_REGIONS and t.nbytes]
+    persistent = [t for t in tensors if t.region.persistent and t.nbytes]
     _check_disjoint(persistent, None)
     for name, graph in plan.graphs.items():
         written: set[int] = set()
         span: dict[int, list[int]] = {}
         local = {t.id for t in tensors if t.graph == name}
         for op in graph.ops:
-            for role, tid in op.reads:
+            for operand in op.reads:
+                tid = operand.tensor
                 if tid in local and tid not in written:
                     raise PlanError(f"graph {name!r}, op {op.index} ({op.kind} {op.direction} of {op.name}) reads "
-                                    f"{tensors[tid].name!r} (role {role}) before any op wrote it")
-            for _, tid in op.reads + op.writes:
-                first_last = span.setdefault(tid, [op.index, op.index])
+                                    f"{tensors[tid].name!r} (role {operand.label}) before any op wrote it")
+            for operand in op.reads + op.writes:
+                first_last = span.setdefault(operand.tensor, [op.index, op.index])
                 first_last[1] = op.index
-            written |= {tid for _, tid in op.writes}
+            written |= {operand.tensor for operand in op.writes}
         members = [tensors[tid] for tid in local if tid in span and tensors[tid].nbytes]
         _check_disjoint(members, span, name)
 

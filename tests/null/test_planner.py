@@ -28,7 +28,9 @@ from blueprint import (
 )
 from planner import ArchPlan, ExpandError
 from planner._build import is_compiled, source
-from planner.compiler import Compiler, size_slot
+from planner.compiler import Compiler
+from planner.plan import Role
+from planner.schedule import size_slot
 from planner.registry import ShapeError
 from planner.verify import PlanError
 
@@ -376,9 +378,9 @@ def test_add2_of_one_value_twice_verifies(root):
     plan = Compiler(ArchPlan.from_blueprint(BluePrint(root))).compile({"train": (2, 4, 4, 3)})
     plan.verify()
     add = next(op for op in plan.graphs["train"].ops if op.kind == "add" and op.direction == "backward")
-    assert add.written("da") == add.written("db") is not None
-    assert (add.attr("accumulate_da"), add.attr("accumulate_db")) == (False, True)
-    assert [role for role, _ in add.reads] == ["dy"]
+    assert add.written(Role.DA) == add.written(Role.DB) is not None
+    assert (add.writing(Role.DA).accumulate, add.writing(Role.DB).accumulate) == (False, True)
+    assert [operand.role for operand in add.reads] == [Role.DY]
 
 
 def test_add2_of_one_value_twice_accumulates_onto_an_earlier_gradient():
@@ -388,10 +390,10 @@ def test_add2_of_one_value_twice_accumulates_onto_an_earlier_gradient():
     plan = Compiler(ArchPlan.from_blueprint(BluePrint(root))).compile({"train": (2, 1, 1, 3)})
     plan.verify()
     outer, inner = [op for op in plan.graphs["train"].ops if op.kind == "add" and op.direction == "backward"]
-    gradient = outer.written("da")
-    assert inner.written("da") == inner.written("db") == gradient
-    assert (inner.attr("accumulate_da"), inner.attr("accumulate_db")) == (True, True)
-    assert inner.read("da") == inner.read("db") == gradient
+    gradient = outer.written(Role.DA)
+    assert inner.written(Role.DA) == inner.written(Role.DB) == gradient
+    assert (inner.writing(Role.DA).accumulate, inner.writing(Role.DB).accumulate) == (True, True)
+    assert inner.read(Role.DA) == inner.read(Role.DB) == gradient
 
 
 @pytest.mark.parametrize("root", [repeat(identity(), 2), seq(identity(), named("a", identity()))])
@@ -452,8 +454,8 @@ def with_tensor(plan, tid, **changes):
 def spans(graph):
     span = {}
     for op in graph.ops:
-        for _, tid in op.reads + op.writes:
-            span.setdefault(tid, [op.index, op.index])[1] = op.index
+        for operand in op.reads + op.writes:
+            span.setdefault(operand.tensor, [op.index, op.index])[1] = op.index
     return span
 
 
@@ -470,9 +472,9 @@ def test_verify_catches_two_live_transients_sharing_memory(resnet_plan):
 def test_verify_catches_a_dropped_write(resnet_plan):
     graph = resnet_plan.graphs["train"]
     op = next(op for op in graph.ops if op.direction == "forward" and op.kind == "relu")
-    role, tid = next((r, t) for r, t in op.writes if r == "y")
+    tid = op.written(Role.Y)
     ops = list(graph.ops)
-    ops[op.index] = op._replace(writes=tuple(w for w in op.writes if w != (role, tid)))
+    ops[op.index] = op._replace(writes=tuple(w for w in op.writes if w.role != Role.Y))
     corrupt = dataclasses.replace(resnet_plan, graphs={**resnet_plan.graphs, "train": replace(graph, ops=tuple(ops))})
     with pytest.raises(PlanError, match="before any op wrote it") as caught:
         corrupt.verify()
@@ -506,14 +508,12 @@ def test_fp16_weight_copies_mirror_the_parameter_region_element_for_element(mode
     plan = Compiler(ArchPlan.from_blueprint(bp, fuse=True, amp=True)).compile({"train": (2, hw, hw, 3)})
     params_start, params_bytes = plan.memory.regions["params"]
     w16_start, w16_bytes = plan.memory.regions["weights16"]
-    by_name = {t.name: t for t in plan.tensors}
-    copies = [t for t in plan.tensors if t.region == "weights16"]
-    assert copies and w16_bytes == params_bytes // 2
-    for copy in copies:
-        master = by_name[copy.name[len("fp16."):]]
-        assert copy.offset - w16_start == (master.offset - params_start) // 2, copy.name
-        assert copy.offset % 256 == 0 and master.offset % 256 == 0
-    grads = {t.name[len("grad."):]: t for t in plan.tensors if t.region == "grads"}
     grads_start = plan.memory.regions["grads"][0]
-    for name, grad in grads.items():
-        assert grad.offset - grads_start == by_name[name].offset - params_start, name
+    trainable = [p for p in plan.params if p.region == "params"]
+    assert trainable and w16_bytes == params_bytes // 2
+    assert sorted(p.half for p in trainable) == [t.id for t in plan.tensors if t.region == "weights16"]
+    for spec in trainable:
+        master, copy, grad = (plan.tensor(tid) for tid in (spec.tensor, spec.half, spec.grad))
+        assert copy.offset - w16_start == (master.offset - params_start) // 2, spec.name
+        assert copy.offset % 256 == 0 and master.offset % 256 == 0
+        assert grad.offset - grads_start == master.offset - params_start, spec.name

@@ -32,6 +32,7 @@ from blueprint import (
 )
 from planner import ArchPlan
 from planner.compiler import Compiler
+from planner.plan import INPUT_GRADIENTS
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("BLUEPRINT_UPDATE_GOLDEN") == "1"
@@ -56,7 +57,13 @@ CASES = [
 
 
 def _roles(accesses, names) -> str:
-    return " ".join(f"{role}={names[tid]}" for role, tid in accesses) or "-"
+    return " ".join(f"{operand.label}={names[operand.tensor]}" for operand in accesses) or "-"
+
+
+def _attrs(op) -> str:
+    """The op's attributes, then whether each input gradient adds onto an earlier op's."""
+    accumulate = [(f"accumulate_{o.label}", o.accumulate) for o in op.writes if o.role in INPUT_GRADIENTS]
+    return " ".join(f"{k}={v}" for k, v in op.attrs + tuple(accumulate))
 
 
 def summary(bp: BluePrint, hwc: tuple[int, int, int], fuse: bool) -> str:
@@ -79,11 +86,11 @@ def summary(bp: BluePrint, hwc: tuple[int, int, int], fuse: bool) -> str:
                 lines.append(f"tensor {t.name} {t.region} {t.dtype} " + " ".join(f"{v}={s}" for v, s in t.variant_shapes))
         for op in graph.ops:
             if op.kind == "optimizer":
-                reads = " ".join(f"{role}x{n}" for role, n in Counter(r for r, _ in op.reads).items())
-                writes = " ".join(f"{role}x{n}" for role, n in Counter(r for r, _ in op.writes).items())
+                reads = " ".join(f"{role}x{n}" for role, n in Counter(o.label for o in op.reads).items())
+                writes = " ".join(f"{role}x{n}" for role, n in Counter(o.label for o in op.writes).items())
             else:
                 reads, writes = _roles(op.reads, names), _roles(op.writes, names)
-            attrs = " ".join(f"{k}={v}" for k, v in op.attrs)
+            attrs = _attrs(op)
             lines.append(f"op {op.index} {op.direction} {op.kind} {op.name}: reads {reads} | writes {writes}"
                          + (f" | {attrs}" if attrs else ""))
     return "\n".join(lines) + "\n"

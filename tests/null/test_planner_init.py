@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.compiler import ParamSpec
+from planner.plan import ParamSpec
 from planner.init import from_torch_layout, to_torch_layout, torch_shape
 
 

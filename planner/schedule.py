@@ -1,0 +1,477 @@
+"""Phase 4 of the compiler: the tensors and op schedules of the train and eval graphs.
+
+A straight line of small phases, each a function of explicit inputs returning a frozen value
+that the next one takes:
+
+    persistent_tensors   parameters (with their gradients, optimizer state, fp16 copies), BN
+                         statistics, I/O and scalars: laid out once, shared by every graph
+    saved_values         which values a train graph keeps from forward for backward
+    graph_extras         each primitive's extras (statistics, masks, workspaces) per variant
+    value_tensors        one tensor per value of a graph
+    forward_ops          the forward schedule (and the extras it writes)
+    loss_op              softmax cross-entropy, and the logits' gradient in training
+    backward_ops         the backward schedule in reverse layer order, with input gradients,
+                         recompute workspaces and internal gradients of fused ops
+    optimizer_op         one update over every trainable parameter
+
+Tensor ids are consecutive in the order the phases make them (each phase starts where the
+previous one stopped), so a plan's tensor list reads persistent first, then each graph.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
+from planner.plan import (
+    DTYPE_BYTES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
+    TensorSpec, role_named,
+)
+from planner.registry import KINDS_WITH_EXTRAS, REGISTRY, ShapeError
+
+SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
+           ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"),
+           ("iteration", "int32"))   # iteration: every train step, skipped ones too (dropout draws)
+
+
+def primitive_list(arch: ArchPlan) -> list[tuple[int, ArchLayer]]:
+    """(arch layer index, primitive) for every primitive, in plan order (a primitive's position)."""
+    return [(index, prim) for index, layer in enumerate(arch.layers) for prim in (layer.sub or (layer,))]
+
+
+def size_slot(shapes: Shape | dict[str, Shape]) -> tuple[Shape, int, tuple]:
+    """(slot shape, elements, sorted (variant, shape) pairs): the slot takes the largest size over the
+    variants that use it (phase 2). `shapes` is one shape (persistent tensors) or {variant: shape}."""
+    if not isinstance(shapes, dict):
+        return tuple(shapes), math.prod(shapes), ()
+    return (max(shapes.values(), key=math.prod), max(math.prod(s) for s in shapes.values()),
+            tuple(sorted(shapes.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _variant_slot(variant_shapes: tuple) -> tuple[Shape, int, tuple]:
+    """`size_slot` of ((variant, shape), ...): most graph tensors repeat a few of them."""
+    return size_slot(dict(variant_shapes))
+
+
+class _TensorMaker:
+    """The tensors one phase makes, sized at once, with consecutive ids from `first`."""
+
+    def __init__(self, first: int):
+        self.first = first
+        self.made: list[TensorSpec] = []
+
+    def new(self, name: str, region: Region, dtype: str, shapes, graph: str = "") -> int:
+        """`shapes` is one shape (persistent) or {variant: shape}."""
+        if isinstance(shapes, dict):
+            slot, elements, variant_shapes = _variant_slot(tuple(shapes.items()))
+        else:
+            slot, elements, variant_shapes = size_slot(shapes)
+        tid = self.first + len(self.made)
+        self.made.append(TensorSpec(tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1, graph,
+                                    variant_shapes))
+        return tid
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What every phase reads: the plan being compiled and the compile's choices."""
+    arch: ArchPlan
+    prims: tuple[tuple[int, ArchLayer], ...]      # primitive_list(arch)
+    positions_of: dict[int, tuple[int, ...]]      # arch layer index -> its primitive positions
+    value_shapes: dict[str, dict[int, Shape]]     # variant -> value -> shape
+    variants_of: dict[str, list[str]]             # graph -> its variants
+    act_dtype: str
+    training: bool
+    slots: int                                     # optimizer state slots
+
+    @property
+    def logits_value(self) -> int:
+        return self.arch.output_value
+
+    @property
+    def loss_value(self) -> int:
+        return self.arch.layers[-1].output
+
+
+def setting_for(arch, value_shapes, variants_of, act_dtype, training, slots) -> Setting:
+    prims = tuple(primitive_list(arch))
+    positions_of: dict[int, list[int]] = {}
+    for position, (owner, _) in enumerate(prims):
+        positions_of.setdefault(owner, []).append(position)
+    return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()}, value_shapes, variants_of,
+                   act_dtype, training, slots)
+
+
+# ---- persistent tensors ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Persistent:
+    tensors: tuple[TensorSpec, ...]
+    params: tuple[ParamSpec, ...]                 # with their grad / half / state tensor ids
+    params_at: dict[int, tuple[ParamSpec, ...]]   # primitive position -> its parameters and statistics
+    trainable: frozenset[int]                     # positions that have trainable parameters
+    io: dict[str, int]                            # "input", "labels", "logits", scalars -> tensor id
+
+
+def persistent_tensors(s: Setting, param_shapes) -> Persistent:
+    make = _TensorMaker(0)
+    producer = {prim.output: prim for _, prim in s.prims}
+    rows = []   # ParamSpec fields up to `role`; the linked tensors are made after every parameter
+    for position, (_, prim) in enumerate(s.prims):
+        for rule, shape in param_shapes[position]:
+            role = role_named(rule.suffix, f"{prim.kind} parameter")
+            name = f"{prim.prefix}.{rule.suffix}" if prim.prefix else rule.suffix
+            region = Region(rule.region)
+            dtype = "int64" if role is Role.NUM_BATCHES_TRACKED else "float32"
+            tid = make.new(name, region, dtype, shape)
+            layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
+            if prim.kind == "conv" and role is Role.WEIGHT:
+                fan_in, fan_out = math.prod(shape[1:]), shape[0] * shape[1] * shape[2]
+            if prim.kind == "fc":
+                fan_in = param_shapes[position][0][1][1]
+                source = _flatten_source(s, producer, prim)
+                if role is Role.WEIGHT and source is not None:
+                    layout, flatten_from = "fc_hwc", source
+                elif role is Role.WEIGHT:
+                    layout = ""
+            rows.append((name, tid, shape, region, rule.init, position, layout, flatten_from, fan_in, fan_out, role))
+    duplicates = sorted(n for n, count in Counter(row[0] for row in rows).items() if count > 1)
+    if duplicates:
+        raise ShapeError(f"two layers produce the same parameter names {duplicates[:5]}; wrap one of them in "
+                         f"named('...', ...) to give it a distinct scope")
+    trainable = [row for row in rows if row[3] == Region.PARAMS]
+    grad, state, half = {}, {row[1]: [] for row in trainable}, {}
+    if s.training:
+        for name, tid, shape, *_ in trainable:
+            grad[tid] = make.new("grad." + name, Region.GRADS, "float32", shape)
+        for slot in range(s.slots):
+            for name, tid, shape, *_ in trainable:
+                state[tid].append(make.new(f"state{slot}.{name}", Region.OPTIM, "float32", shape))
+    if s.arch.amp:
+        for name, tid, shape, *_ in trainable:
+            half[tid] = make.new("fp16." + name, Region.WEIGHTS16, "float16", shape)
+    io = _io_tensors(s, make)
+    params = tuple(ParamSpec(*row, grad.get(row[1], -1), half.get(row[1], -1), tuple(state.get(row[1], ())))
+                   for row in rows)
+    params_at: dict[int, list[ParamSpec]] = {}
+    for spec in params:
+        params_at.setdefault(spec.layer, []).append(spec)
+    return Persistent(tuple(make.made), params, {k: tuple(v) for k, v in params_at.items()},
+                      frozenset(row[5] for row in trainable), io)
+
+
+def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
+    variants = [v for names in s.variants_of.values() for v in names]
+    padded = s.arch.input_channels_padded
+    io = {"input": make.new("input", Region.IO, s.act_dtype,
+                            {v: s.value_shapes[v][NETWORK_INPUT][:3] + (padded,) for v in variants}),
+          "labels": make.new("labels", Region.IO, "int64", {v: s.value_shapes[v][NETWORK_INPUT][:1] for v in variants}),
+          "logits": make.new("logits", Region.IO, s.act_dtype,
+                             {v: s.value_shapes[v][s.logits_value] for v in variants})}
+    for name, dtype in SCALARS:
+        io[name] = make.new(name, Region.SCALARS, dtype, ())
+    return io
+
+
+def _flatten_source(s: Setting, producer, prim) -> Shape | None:
+    source = producer.get(prim.inputs[0])
+    if source is not None and source.kind == "flatten":
+        shapes = next(iter(s.value_shapes.values()))
+        return shapes[source.inputs[0]][1:]
+    return None
+
+
+# ---- what a train graph keeps, and each primitive's extras ---------------------------------------
+def saved_values(s: Setting) -> frozenset[int]:
+    saved = set()
+    for layer in s.arch.layers:
+        if layer.kind in FUSED:
+            saved |= fused_saved_values(layer)
+            continue
+        rule = REGISTRY[layer.kind]
+        if "input" in rule.saves:
+            saved |= set(layer.inputs)
+        if "output" in rule.saves:
+            saved.add(layer.output)
+    return frozenset(saved - {NETWORK_INPUT, s.logits_value, s.loss_value})
+
+
+def fused_saved_values(layer: ArchLayer) -> set[int]:
+    """Fused layers save their inputs, every convolution's (pre-BN) output, the fc input and a
+    final ReLU's output; BN-apply and activations are recomputed in backward."""
+    saved = set(layer.inputs)
+    for prim in layer.sub:
+        if prim.kind in ("conv", "fc"):
+            saved.add(prim.output if prim.kind == "conv" else prim.inputs[0])
+    if layer.sub[-1].kind == "relu":
+        saved.add(layer.sub[-1].output)
+    return saved
+
+
+def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
+    """Primitive position -> its extras as ((extra, {variant: shape}), ...) over the variants of a graph;
+    only primitives that have extras are keys. A rule gives every variant the same extras in the same order."""
+    variants = s.variants_of[graph]
+    variant_shapes = [s.value_shapes[v] for v in variants]
+    extras_of = {}
+    for position, (_, prim) in enumerate(s.prims):
+        if prim.kind not in KINDS_WITH_EXTRAS:
+            continue
+        extras = REGISTRY[prim.kind].extras
+        per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
+        if per_variant[0]:
+            extras_of[position] = tuple((extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
+                                        for k, (extra, _) in enumerate(per_variant[0]))
+    return extras_of
+
+
+def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
+                   phase: str) -> list[tuple[Role, int, bool]]:
+    """(role, tensor, saved) of the extras a primitive's `phase` ("f" forward, "b" backward) writes."""
+    out = []
+    eval_workspaces = graph == "eval" and not REGISTRY[prim.kind].train_only_extras
+    for extra, variant_shapes in extras:
+        saved, phases = extra.saved, extra.phases
+        if saved and graph == "eval":   # nothing reads it back; the forward kernel may still need room for it
+            if not eval_workspaces:
+                continue
+            saved, phases = False, "f"
+        if saved and phase == "b":
+            continue
+        if not saved and phase not in phases:
+            continue
+        dtype = s.act_dtype if extra.dtype == "act" else extra.dtype
+        suffix = extra.role if saved else f"{extra.role}_{phase}"
+        tid = make.new(f"{graph}.{prim.prefix or prim.path}:{suffix}", Region.SAVED if saved else Region.TRANSIENT,
+                       dtype, variant_shapes, graph)
+        out.append((role_named(extra.role, f"{prim.kind} extra"), tid, saved))
+    return out
+
+
+# ---- one graph's values and forward ops -----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Values:
+    tensors: tuple[TensorSpec, ...]
+    tensor_of: dict[int, int]                     # value -> tensor
+
+
+def value_tensors(s: Setting, p: Persistent, graph: str, saved: frozenset[int], first: int) -> Values:
+    make = _TensorMaker(first)
+    tensor_of = {NETWORK_INPUT: p.io["input"], s.logits_value: p.io["logits"], s.loss_value: p.io["loss"]}
+    for _, prim in s.prims:
+        if prim.output not in tensor_of:
+            region = Region.SAVED if prim.output in saved else Region.TRANSIENT
+            tensor_of[prim.output] = make.new(f"{graph}.v{prim.output}", region, s.act_dtype,
+                                              _shapes_of(s, graph, prim.output), graph)
+    return Values(tuple(make.made), tensor_of)
+
+
+def _shapes_of(s: Setting, graph: str, value: int) -> dict[str, Shape]:
+    return {v: s.value_shapes[v][value] for v in s.variants_of[graph]}
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    ops: tuple[Op, ...]
+    tensors: tuple[TensorSpec, ...]
+    saved_extras: dict[int, tuple[tuple[Role, int], ...]]   # position -> extras saved for backward
+
+
+def input_roles(prim: ArchLayer) -> tuple[Role, ...]:
+    return (Role.A, Role.B) if prim.kind == "add" else (Role.X,)
+
+
+def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str, first: int) -> Forward:
+    make, ops, saved_extras = _TensorMaker(first), [], {}
+    train = graph == "train"
+    tensor_of = values.tensor_of
+    for index, layer in enumerate(s.arch.layers):
+        if layer.kind == "softmax_ce":
+            continue
+        reads, writes, produced = [], [], set()
+        fused = layer.kind in FUSED
+        for position in s.positions_of[index]:
+            prim = s.prims[position][1]
+            at = position if fused else -1
+            for role, value in zip(input_roles(prim), prim.inputs):
+                if value not in produced:
+                    reads.append(Operand(role, tensor_of[value], at))
+            params = p.params_at.get(position, ())
+            reads += [Operand(spec.role, spec.tensor, at) for spec in params]
+            if train:   # training updates the running statistics
+                writes += [Operand(spec.role, spec.tensor, at) for spec in params if spec.region == Region.BN_STATS]
+            writes.append(Operand(Role.Y, tensor_of[prim.output], at))
+            produced.add(prim.output)
+            if position in extras_of:
+                made = _extra_tensors(s, make, prim, extras_of[position], graph, "f")
+                writes += [Operand(role, tid, at) for role, tid, _ in made]
+                if any(saved for _, _, saved in made):
+                    saved_extras[position] = tuple((role, tid) for role, tid, saved in made if saved)
+        ops.append(Op(len(ops), layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes),
+                      (("training", train),)))
+    return Forward(tuple(ops), tuple(make.made), saved_extras)
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    op: Op
+    tensors: tuple[TensorSpec, ...]
+    grads: dict[int, int]                         # value -> gradient tensor: the logits' in training
+
+
+def loss_op(s: Setting, p: Persistent, graph: str, index: int, first: int) -> Loss:
+    make, grads = _TensorMaker(first), {}
+    writes = [Operand(Role.LOSS, p.io["loss"]), Operand(Role.CORRECT, p.io["correct"])]
+    if graph == "train":
+        grads[s.logits_value] = make.new(f"{graph}.d{s.logits_value}", Region.TRANSIENT, s.act_dtype,
+                                         _shapes_of(s, graph, s.logits_value), graph)
+        writes.append(Operand(Role.DLOGITS, grads[s.logits_value]))
+    op = Op(index, "softmax_ce", "loss", len(s.arch.layers) - 1, "loss",
+            (Operand(Role.LOGITS, p.io["logits"]), Operand(Role.LABELS, p.io["labels"])), tuple(writes))
+    return Loss(op, tuple(make.made), grads)
+
+
+# ---- backward and optimizer -----------------------------------------------------------------------
+def needs_grad(s: Setting, p: Persistent) -> frozenset[int]:
+    """Values whose gradient backward computes: outputs of trainable primitives and everything after."""
+    needs = set()
+    for position, (_, prim) in enumerate(s.prims):
+        if any(v in needs for v in prim.inputs) or position in p.trainable:
+            needs.add(prim.output)
+    return frozenset(needs)
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    ops: tuple[Op, ...]
+    tensors: tuple[TensorSpec, ...]
+
+
+def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, extras_of, loss: Loss, graph: str,
+                 first_index: int, first: int) -> Backward:
+    """Layers in reverse order; a layer without trainable parameters or input gradients to compute, or
+    whose output feeds nothing with a gradient, gets no op."""
+    make, ops = _TensorMaker(first), []
+    needs = needs_grad(s, p)
+    grads = dict(loss.grads)      # value -> its gradient tensor, as backward reaches it
+    for index in range(len(s.arch.layers) - 2, -1, -1):
+        layer = s.arch.layers[index]
+        positions = s.positions_of[index]
+        if p.trainable.isdisjoint(positions) and not any(v in needs for v in layer.inputs):
+            continue
+        if layer.output not in grads:
+            continue
+        reads, writes = [Operand(Role.DY, grads[layer.output])], []
+        if layer.kind in FUSED:
+            kept = fused_saved_values(layer)
+            reads += _fused_backward_reads(s, p, values, forward, positions, kept)
+            writes += _fused_workspace(s, make, extras_of, positions, kept, graph)
+        else:
+            _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, positions[0], reads, writes)
+        for position in positions:
+            at = position if layer.kind in FUSED else -1
+            writes += [Operand(PARAM_GRADIENT[spec.role], spec.grad, at) for spec in p.params_at.get(position, ())
+                       if spec.grad >= 0]
+        _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
+        ops.append(Op(first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads), tuple(writes)))
+    return Backward(tuple(ops), tuple(make.made))
+
+
+def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, position, reads, writes) -> None:
+    prim = s.prims[position][1]
+    saves = REGISTRY[prim.kind].saves
+    if "input" in saves:
+        reads.append(Operand(Role.X, values.tensor_of[prim.inputs[0]]))
+    if "output" in saves:
+        reads.append(Operand(Role.Y, values.tensor_of[prim.output]))
+    reads += [Operand(Role.WEIGHT, spec.tensor) for spec in p.params_at.get(position, ()) if spec.role is Role.WEIGHT]
+    reads += [Operand(role, tid) for role, tid in forward.saved_extras.get(position, ())]
+    if position in extras_of:
+        made = _extra_tensors(s, make, prim, extras_of[position], graph, "b")
+        writes += [Operand(role, tid) for role, tid, _ in made]
+
+
+def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None:
+    """The gradient of each input that needs one: a new tensor, or (a value used twice) added onto the
+    one an earlier op wrote. Fused ops name each by the input `value`."""
+    roles = (Role.DA, Role.DB) if layer.kind == "add" else (Role.DX,) * len(layer.inputs)
+    fused = layer.kind in FUSED
+    created_here: set[int] = set()
+    for role, value in zip(roles, layer.inputs):
+        if value not in needs:
+            continue
+        accumulate = value in grads
+        if not accumulate:
+            grads[value] = make.new(f"{graph}.d{value}", Region.TRANSIENT, s.act_dtype, _shapes_of(s, graph, value),
+                                    graph)
+            created_here.add(grads[value])
+        tid, key = grads[value], value if fused else -1
+        # add(x, x): the second role adds onto what the first role of this same op wrote, so it
+        # reads nothing that an earlier op wrote
+        if accumulate and tid not in created_here:
+            reads.append(Operand(role, tid, -1, key))
+        writes.append(Operand(role, tid, -1, key, accumulate))
+
+
+def _fused_backward_reads(s, p, values, forward, positions, kept) -> list[Operand]:
+    reads = []
+    for position in positions:
+        prim = s.prims[position][1]
+        reads += [Operand(Role.SAVED, values.tensor_of[value], -1, value) for value in (prim.output, *prim.inputs)
+                  if value in kept]
+        reads += [Operand(spec.role, spec.tensor, position) for spec in p.params_at.get(position, ())
+                  if spec.region == Region.PARAMS]
+        reads += [Operand(role, tid, position) for role, tid in forward.saved_extras.get(position, ())]
+    return list(dict.fromkeys(reads))
+
+
+def _fused_workspace(s, make, extras_of, positions, kept, graph) -> list[Operand]:
+    """Recomputed internal values and internal gradients live only inside the fused backward op."""
+    writes = []
+    internal = [s.prims[position][1] for position in positions]
+    last = internal[-1].output
+    for prim in internal:
+        value = prim.output
+        if value != last and value not in kept:
+            writes.append(Operand(Role.RECOMPUTE, make.new(f"{graph}.r{value}", Region.TRANSIENT, s.act_dtype,
+                                                           _shapes_of(s, graph, value), graph), -1, value))
+        if value != last:
+            writes.append(Operand(Role.GRAD, make.new(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
+                                                      _shapes_of(s, graph, value), graph), -1, value))
+    for position in positions:
+        if position in extras_of:
+            made = _extra_tensors(s, make, s.prims[position][1], extras_of[position], graph, "b")
+            writes += [Operand(role, tid, position) for role, tid, _ in made]
+    return writes
+
+
+def optimizer_op(p: Persistent, index: int) -> Op:
+    """One update of every trainable parameter; the state tensors slot by slot."""
+    trainable = [spec for spec in p.params if spec.grad >= 0]
+    slots = len(trainable[0].state) if trainable else 0
+    state = [Operand(Role.STATE, spec.state[slot]) for slot in range(slots) for spec in trainable]
+    params = [Operand(Role.PARAM, spec.tensor) for spec in trainable]
+    reads = [Operand(Role.GRAD, spec.grad) for spec in trainable] + params + state
+    reads += [Operand(Role.LR, p.io["lr"]), Operand(Role.STEP, p.io["step"])]
+    writes = params + state + [Operand(Role.STEP, p.io["step"])]
+    return Op(index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
+
+
+# ---- one graph ------------------------------------------------------------------------------------
+def build_graph(s: Setting, p: Persistent, graph: str, first: int) -> tuple[ComputationGraph, tuple[TensorSpec, ...]]:
+    """The schedule of `graph` ("train": forward, loss, backward, optimizer; "eval": forward, loss) and
+    the step-local tensors it made, with ids from `first`."""
+    train = graph == "train"
+    extras_of = graph_extras(s, graph)
+    values = value_tensors(s, p, graph, saved_values(s) if train else frozenset(), first)
+    forward = forward_ops(s, p, values, extras_of, graph, first + len(values.tensors))
+    loss = loss_op(s, p, graph, len(forward.ops), first + len(values.tensors) + len(forward.tensors))
+    ops, tensors = forward.ops + (loss.op,), values.tensors + forward.tensors + loss.tensors
+    if not train:
+        return ComputationGraph(graph, ops), tensors
+    boundary = len(ops)
+    backward = backward_ops(s, p, values, forward, extras_of, loss, graph, boundary, first + len(tensors))
+    ops += backward.ops + (optimizer_op(p, boundary + len(backward.ops)),)
+    return ComputationGraph(graph, ops, boundary), tensors + backward.tensors

@@ -1,0 +1,123 @@
+"""The plan's records link by id and typed fields (planner/plan.py): a parameter carries its gradient,
+fp16 copy and optimizer-state tensors; an op's operands are found by (role, position, value), and
+each such key names one operand."""
+from __future__ import annotations
+
+import pytest
+
+from blueprint import BluePrint, add2, fc, identity, seq, zoo
+from planner import ArchPlan
+from planner.compiler import Compiler
+from planner.plan import INPUT_GRADIENTS, Op, Operand, Region, Role, role_named
+
+# (model, fuse and amp, training, optimizer state slots)
+PLANS = [
+    ("resnet20", False, True, 1),
+    ("resnet20", True, True, 2),
+    ("mobilenet_v2", True, True, 0),
+    ("resnet20", True, False, 0),
+    ("small_cnn", False, True, 2),
+]
+
+
+def compile_plan(model, fused, training, slots):
+    entry = zoo.MODELS[model]
+    h, w, c = entry.input_shape
+    arch = ArchPlan.from_blueprint(entry.build(), in_channels=c, fuse=fused, amp=fused)
+    variants = {"train": (2, h, w, c), "eval": (1, h, w, c)} if training else {"eval": (1, h, w, c)}
+    return Compiler(arch).compile(variants, training=training, optimizer_state_slots=slots)
+
+
+@pytest.fixture(scope="module", params=PLANS, ids=[f"{m}-{'fused' if f else 'unfused'}-{'train' if t else 'eval'}-{s}"
+                                                    for m, f, t, s in PLANS])
+def plan(request):
+    return compile_plan(*request.param)
+
+
+def test_parameters_carry_the_ids_of_their_gradient_copy_and_state(plan):
+    """Each link points at the tensor the checkpoint names for it, in the region it belongs to."""
+    linked = set()
+    for p in plan.params:
+        trainable = p.region == Region.PARAMS
+        expected_grad = trainable and plan.training
+        assert (p.grad >= 0) == expected_grad, p.name
+        assert (p.half >= 0) == (trainable and plan.arch.amp), p.name
+        assert len(p.state) == (plan.optimizer_state_slots if expected_grad else 0), p.name
+        links = [(p.grad, Region.GRADS, f"grad.{p.name}"), (p.half, Region.WEIGHTS16, f"fp16.{p.name}")]
+        links += [(tid, Region.OPTIM, f"state{slot}.{p.name}") for slot, tid in enumerate(p.state)]
+        for tid, region, name in links:
+            if tid >= 0:
+                t = plan.tensor(tid)
+                assert (t.region, t.name, t.shape) == (region, name, p.shape)
+                linked.add(tid)
+        assert plan.tensor(p.tensor).name == p.name and p.role == p.name.rsplit(".", 1)[-1]
+    # every gradient, copy and state tensor belongs to exactly one parameter
+    assert linked == {t.id for t in plan.tensors if t.region in (Region.GRADS, Region.WEIGHTS16, Region.OPTIM)}
+
+
+def test_operand_keys_name_one_operand_each(plan):
+    """`op.read(role, position, value)` is unambiguous in every op but the optimizer (which lists all
+    parameters under one role and is read whole)."""
+    for graph in plan.graphs.values():
+        for op in graph.ops:
+            if op.kind == "optimizer":
+                continue
+            for operands in (op.reads, op.writes):
+                keys = [(o.role, o.position, o.value) for o in operands]
+                assert len(keys) == len(set(keys)), (graph.name, op.index, op.name, keys)
+
+
+def test_fused_operands_name_their_primitive_and_value(plan):
+    """Fused ops: per-primitive operands carry a position of one of the op's primitives; saved,
+    recomputed and internal-gradient operands carry the value their tensor holds; input gradients
+    the input they belong to. Unfused ops carry neither."""
+    positions, start = [], 0
+    for layer in plan.arch.layers:
+        positions.append(range(start, start + (len(layer.sub) or 1)))
+        start += len(layer.sub) or 1
+    prefix = {Role.SAVED: "v", Role.RECOMPUTE: "r", Role.GRAD: "g", Role.DX: "d"}
+    for graph in plan.graphs.values():
+        for op in graph.ops:
+            if op.layer < 0:
+                continue
+            layer = plan.arch.layers[op.layer]
+            for o in op.reads + op.writes:
+                if not layer.sub:
+                    assert (o.position, o.value) == (-1, -1), (op.name, o)
+                elif o.value >= 0:
+                    assert o.role in prefix and o.position == -1, (op.name, o)
+                    name = plan.tensor(o.tensor).name
+                    assert name in (f"{graph.name}.{prefix[o.role]}{o.value}", "input"), (op.name, o, name)
+                    assert o.role != Role.DX or o.value in layer.inputs
+                elif o.role not in (Role.DY,):
+                    assert o.position in positions[op.layer], (op.name, o)
+
+
+def test_input_gradients_say_whether_they_accumulate():
+    """z = x + (x + x): the outer add's backward writes x's gradient first; the inner add then adds
+    onto it through both roles. Only input gradients carry `accumulate`."""
+    root = seq(fc(4), add2(identity(), add2(identity(), identity())), fc(3))
+    plan = Compiler(ArchPlan.from_blueprint(BluePrint(root))).compile({"train": (2, 1, 1, 3)})
+    outer, inner = [op for op in plan.graphs["train"].ops if op.kind == "add" and op.direction == "backward"]
+    assert [(o.role, o.accumulate) for o in outer.writes if o.role in INPUT_GRADIENTS] == [(Role.DA, False),
+                                                                                         (Role.DB, False)]
+    assert [(o.role, o.accumulate) for o in inner.writes if o.role in INPUT_GRADIENTS] == [(Role.DA, True),
+                                                                                         (Role.DB, True)]
+    assert not any(o.accumulate for op in plan.graphs["train"].ops for o in op.writes if o.role not in INPUT_GRADIENTS)
+
+
+def test_lookups_match_every_field():
+    op = Op(0, "cbr", "backward", 0, "block", reads=(Operand(Role.WEIGHT, 10, 3), Operand(Role.SAVED, 11, -1, 7),
+                                                      Operand(Role.WEIGHT, 12)),
+            writes=(Operand(Role.DX, 13, -1, 7, True),))
+    assert op.read(Role.WEIGHT, 3) == 10 and op.read(Role.WEIGHT) == 12 and op.read(Role.WEIGHT, 4) is None
+    assert op.read(Role.SAVED, value=7) == 11 and op.read(Role.SAVED) is None
+    assert op.read("weight", 3) == 10           # a Role is its string
+    assert op.writing(Role.DX, value=7).accumulate and op.written(Role.DX, value=8) is None
+    assert [o.label for o in op.reads + op.writes] == ["3:weight", "saved7", "weight", "dx7"]
+
+
+def test_an_operand_name_the_planner_does_not_know_raises():
+    assert role_named("running_var", "bn2d parameter") is Role.RUNNING_VAR
+    with pytest.raises(ValueError, match=r"conv extra: the registry names an operand 'colbuf' .* add it to Role"):
+        role_named("colbuf", "conv extra")
