@@ -5,6 +5,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numba import cuda
@@ -34,7 +35,7 @@ class StepModel:
     hw: int
     about: str
     classes: int = 10
-    torch_model: str = ""         # benchmarks/torch_models.py: <torch_model>(classes), same parameter names
+    torch_model: str = ""         # tests/support/torch_models.py: <torch_model>(classes), same parameter names
     optional: bool = False        # timed after the required models, only if the budget allows
 
     @property
@@ -50,12 +51,12 @@ class StepModel:
 
 
 def torch_models():
-    """benchmarks/torch_models.py (hand-written torchvision twins), however this script was started."""
-    try:
-        import torch_models as module
-    except ImportError:
-        from benchmarks import torch_models as module
-    return module
+    """tests/support/torch_models.py (torchvision's definitions, and CIFAR nets of its blocks)."""
+    support = str(Path(__file__).resolve().parents[1] / "tests" / "support")
+    if support not in sys.path:
+        sys.path.insert(0, support)
+    import torch_models
+    return torch_models
 
 
 def zoo_model(name, *args):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))   # torch_models
 
 #: The targets of the CPU-path issue: our step time / PyTorch's, or None (reported only).
 CASES = [

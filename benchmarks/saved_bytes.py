@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-for _p in (_HERE, _ROOT):
+for _p in (_HERE, _ROOT, os.path.join(_ROOT, "tests", "support")):   # the last: torch_models
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

@@ -43,10 +43,6 @@ class Kind(enum.Enum):
     MBCONV = "mbconv"
 
 
-ACTIVATIONS = frozenset({Kind.RELU, Kind.RELU6, Kind.LEAKY_RELU, Kind.SIGMOID, Kind.TANH,
-                         Kind.SILU, Kind.HARDSWISH, Kind.GELU})
-CONTAINERS = frozenset({Kind.SEQ, Kind.ADD2, Kind.REPEAT, Kind.NAMED})
-
 
 class BlockStyle(enum.Enum):
     """ResNet block styles; `_DS` puts stride 2 on the 3x3 convolution (ResNet v1.5)."""

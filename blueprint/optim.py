@@ -157,7 +157,6 @@ class CrossEntropyLoss:
     """
 
     smoothing: float = 0.0
-    name: ClassVar[str] = "cross_entropy"
 
     def label_smoothing(self, x: float) -> CrossEntropyLoss:
         return replace(self, smoothing=_unit_interval("CrossEntropyLoss.label_smoothing", x))
@@ -194,7 +193,6 @@ class SGD:
     dampening_factor: float = 0.0
     use_nesterov: bool = False
     weight_decay_factor: float = 0.0
-    name: ClassVar[str] = "sgd"
 
     def lr(self, x: float) -> SGD:
         return replace(self, learning_rate=_non_negative("SGD.lr", x))
@@ -290,7 +288,6 @@ class Adam(_AdamSetters):
     beta2: float = 0.999
     epsilon: float = 1e-8
     weight_decay_factor: float = 0.0
-    name: ClassVar[str] = "adam"
     decoupled: ClassVar[bool] = False
 
 
@@ -312,7 +309,6 @@ class AdamW(_AdamSetters):
     beta2: float = 0.999
     epsilon: float = 1e-8
     weight_decay_factor: float = 1e-2
-    name: ClassVar[str] = "adamw"
     decoupled: ClassVar[bool] = True
 
 

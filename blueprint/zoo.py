@@ -1,7 +1,8 @@
 """Standard networks built from the factories only.
 
 Parameter names follow torchvision's `state_dict` keys (through `named(...)` scopes), so
-torchvision weights load directly; see `planner.names` for the naming scheme.
+torchvision weights load directly; README's "Parameter names" states the scheme, and
+`planner/_expand.py` applies it.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
-from planner.executor_api import ExecutorBase, InputError, dropout_seed
+from planner.executor_api import ExecutorBase, FinishedStep, InputError, dropout_seed, step_result
 from planner.init import initial_parameters
 from planner.plan import Role
 from planner.registry import ACTIVATION_CODE
@@ -73,42 +73,23 @@ class CpuExecutor(ExecutorBase):
             self._views[variant] = views
         return self._views[variant]
 
-    # ---- public API ------------------------------------------------------------------------------------
-    def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
-        """Logits for a batch. `train=True` runs the training forward (batch statistics, dropout,
-        running-stat updates) without backward or update."""
-        self._check_batch(x)
-        graph = "train" if train and "train" in self.plan.graphs else "eval"
-        variant = self._variant_for(x.shape, graph)
+    # ---- the steps (checks, variant choice and bookkeeping: ExecutorBase) ---------------------------------
+    def _forward(self, variant, graph, x):
         views = self._load_batch(variant, x, None)
-        for op in self.plan.graphs[graph].ops:
-            if op.direction == "forward":
-                self._run(op, views, variant)
-        return views[self.plan.io["logits"]].copy()
+        self._run_schedule(graph, views, lambda op: self._run(op, views, variant), forward_only=True)
+        return views[self.plan.io["logits"]]
 
-    def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
-        """(mean loss, number correct, logits) in eval mode."""
-        y = self._check_batch(x, y)
-        variant = self._variant_for(x.shape, "eval")
+    def _evaluate(self, variant, x, y):
         views = self._load_batch(variant, x, y)
-        for op in self.plan.graphs["eval"].ops:
-            self._run(op, views, variant)
+        self._run_schedule("eval", views, lambda op: self._run(op, views, variant))
         io = self.plan.io
-        return float(views[io["loss"]][()]), int(views[io["correct"]][()]), views[io["logits"]].copy()
+        return views[io["loss"]], views[io["correct"]], views[io["logits"]]
 
-    def train_step(self, x: np.ndarray, y, lr: float) -> float:
-        """One step: forward, loss, backward, optimizer update, BN running stats. Returns the loss."""
-        if not self.plan.training:
-            raise ValueError("this plan was compiled with training=False; compile a train variant to train")
-        y = self._check_batch(x, y)
-        self._lr = self._check_lr(lr)
-        variant = self._variant_for(x.shape, "train")
+    def _train(self, variant, x, y, lr):
+        self._lr = lr
         views = self._load_batch(variant, x, y)
-        for op in self.plan.graphs["train"].ops:
-            self._run(op, views, variant)
-        self.step_count += 1
-        self.last_correct = int(views[self.plan.io["correct"]][()])
-        return float(views[self.plan.io["loss"]][()])
+        self._run_schedule("train", views, lambda op: self._run(op, views, variant))
+        return FinishedStep(*step_result(views[self.plan.io["loss"]], views[self.plan.io["correct"]]))
 
     def _load_batch(self, variant, x, y):
         views = self._variant_views(variant)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from planner.executor_api import ExecutorBase, InputError
+from planner.executor_api import ExecutorBase, InputError, step_result
 from planner.init import initial_parameters
 from planner.plan import Role
 
@@ -210,9 +210,8 @@ class CudaExecutor(ExecutorBase):
                               {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
 
             def kernels(tape):
-                for op in self.plan.graphs[self.plan.variants[variant].graph].ops:
-                    if purpose != "forward" or op.direction == "forward":
-                        record_op(tape, ctx, op)
+                self._run_schedule(self.plan.variants[variant].graph, views, lambda op: record_op(tape, ctx, op),
+                                   forward_only=purpose == "forward", tape=tape)
             tape = LaunchTape()
             record_transfers(tape, staging, kernels)
             self._runners[key] = StepRunner(tape, self.replay)
@@ -234,56 +233,25 @@ class CudaExecutor(ExecutorBase):
         reasons = [runner.reason for runner in self._runners.values() if runner.fell_back]
         return f"eager (fell back: {reasons[0]})" if reasons else self.replay
 
-    def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
-        """Logits (fp32 copy of the fp16 values). ``train=True`` runs the training forward
-        (batch statistics, dropout, running-stat updates) without backward or update."""
-        self._check_batch(x)
-        graph = "train" if train and "train" in self.plan.graphs else "eval"
-        variant = self._variant_for(x.shape, graph)
+    # ---- the steps (checks, variant choice and bookkeeping: ExecutorBase) ---------------------------------
+    def _forward(self, variant, graph, x):
+        """The logits as fp16 host values (the base returns their fp32 copy)."""
         out = self._submit(variant, "forward", input=x).outputs()
         if graph == "train":
             self._bn_forwards += 1
-        return out["logits"].astype(np.float32)
+        return out["logits"]
 
-    def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
-        """(mean loss, number correct, logits) in eval mode."""
-        y = self._check_batch(x, y)
-        variant = self._variant_for(x.shape, "eval")
+    def _evaluate(self, variant, x, y):
         out = self._submit(variant, "eval", input=x, labels=y).outputs()
-        return float(out["loss"][0]), int(out["correct"][0]), out["logits"].astype(np.float32)
+        return out["loss"], out["correct"], out["logits"]
 
-    def train_step(self, x: np.ndarray, y, lr: float) -> float:
-        """One step: forward, loss, backward, overflow check, update (skipped on overflow), loss
-        scale, fp16 weight copies. Returns the loss (the host's one synchronisation per step)."""
-        loss, self.last_correct = self.submit_train_step(x, y, lr).result()
-        return loss
-
-    def submit_train_step(self, x: np.ndarray, y, lr: float) -> PendingStep:
-        """Queue one training step and return at once; ``.result()`` waits for ``(loss, correct)``.
+    def _train(self, variant, x, y, lr):
+        """Queue one training step (forward, loss, backward, overflow check, update skipped on overflow,
+        loss scale, fp16 weight copies) and return at once; ``.result()`` waits for ``(loss, correct)``.
         Read it before submitting two more steps (its staging buffers are reused then)."""
-        if not self.plan.training:
-            raise ValueError("this plan was compiled with training=False; compile a train variant to train")
-        y = self._check_batch(x, y)
-        lr = self._check_lr(lr)
-        variant = self._variant_for(x.shape, "train")
         pending = self._submit(variant, "train", input=x, labels=y, lr=lr)
-        self.step_count += 1
         self._bn_forwards += 1
         return pending
-
-    def train_steps(self, steps):
-        """``(loss, correct)`` of each ``(x, y, lr)`` of ``steps``, in order, with step k+1 submitted
-        before step k's result is read (the host stages the next batch while the device runs)."""
-        pending = None
-        for x, y, lr in steps:
-            submitted = self.submit_train_step(x, y, lr)
-            if pending is not None:
-                loss, self.last_correct = pending.result()
-                yield loss, self.last_correct
-            pending = submitted
-        if pending is not None:
-            loss, self.last_correct = pending.result()
-            yield loss, self.last_correct
 
     @property
     def loss_scale(self) -> float:
@@ -322,7 +290,7 @@ class PendingStep:
     def result(self) -> tuple[float, int]:
         """``(loss, number correct)`` of a training or eval step."""
         out = self.outputs()
-        return float(out["loss"][0]), int(out["correct"][0])
+        return step_result(out["loss"], out["correct"])
 
 
 __all__ = ["CudaExecutor", "InputError", "PendingStep", "cuda_unavailable_reason"]

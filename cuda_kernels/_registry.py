@@ -9,7 +9,7 @@ Conventions of every kernel in this package:
 - arrays are C-contiguous device views (mostly flat 1-D); storage fp16 for activations
   and weight copies, fp32 for parameters, gradients, optimizer state and statistics;
 - arithmetic is fp32 (``f32(x[i])``) with typed constants (``np.float32``): a Python
-  float literal is fp64 on the device (see /work/shared/CUDA-NOTES.md);
+  float literal is fp64 on the device, which ``tests/cuda/test_ptx.py`` rejects in fp16 kernels;
 - scalars that are fixed for a captured step (shapes, flags, momentum, eps) are kernel
   arguments; everything that changes per step (lr, step, loss scale, overflow flag)
   is read from 1-element device arrays.
@@ -126,17 +126,13 @@ def check_args(spec, args, host_stand_ins=False):
             raise TypeError(f"{spec.name}: argument {name!r} expects {expected}, got {got}")
 
 
-KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_linear", "_loss", "_optim")
+KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_depthwise", "_linear", "_loss", "_optim")
 
 
 def all_kernels():
-    """The complete table (imports every kernel module of the package)."""
+    """The complete table of SIMT kernels (imports each module of ``KERNEL_MODULES``; the tensor-core
+    kernels are declared in the modules of ``_mma_kernels.MMA_KERNEL_MODULES``)."""
     for module in KERNEL_MODULES:
         importlib.import_module(f"{__package__}.{module}")
     return dict(KERNELS)
 
-
-def compile_all():
-    """Compile every kernel of the table for its signature (a warm-up before capture)."""
-    for spec in all_kernels().values():
-        spec.compile()

@@ -1,9 +1,20 @@
-"""What every executor of a CompiledPlan shares: input checks, variant lookup, and the
-state of a model by name in PyTorch layouts (parameters, gradients, optimizer state).
+"""What every executor of a CompiledPlan shares: the step skeleton (input checks, variant
+choice, the op schedule in order, step count, results), and the state of a model by name in
+PyTorch layouts (parameters, gradients, optimizer state).
 
 An executor (`cpu_ref.CpuExecutor`, `cuda_kernels.CudaExecutor`) subclasses `ExecutorBase`
-and provides two accessors over its memory, in the planner's internal layouts:
-`_read(tensor_id) -> np.ndarray` (a host copy) and `_write(tensor_id, value)`.
+and supplies only memory access and kernel calls:
+
+- `_read(tensor_id) -> np.ndarray` (a host copy) and `_write(tensor_id, value)`, in the
+  planner's internal layouts;
+- `_forward(variant, graph, x) -> logits`, `_evaluate(variant, x, y) -> (loss, correct, logits)`
+  and `_train(variant, x, y, lr) -> step` (``step.result()`` gives ``(loss, correct)``): load the
+  batch into the variant's memory and run its ops, each op through `_run_schedule`, which walks
+  the graph in schedule order and calls `_after_backward` between the last backward op and the
+  optimizer op.
+
+The CPU path runs each op at once; the CUDA path records the ops on a launch tape once per
+(variant, purpose) and replays it, so there `_run_schedule` runs while recording.
 """
 from __future__ import annotations
 
@@ -70,6 +81,11 @@ class _Problems:
                              "executor of the same model and optimizer)")
 
 
+def step_result(loss, correct) -> tuple[float, int]:
+    """``(loss, number correct)`` from the one-element arrays (or 0-d views) a step writes them to."""
+    return float(np.asarray(loss).reshape(-1)[0]), int(np.asarray(correct).reshape(-1)[0])
+
+
 class FinishedStep(NamedTuple):
     """A training step that has already run: the synchronous executors' answer to `submit_train_step`."""
     loss: float
@@ -102,12 +118,83 @@ class ExecutorBase:
     def _write(self, tid: int, value: np.ndarray) -> None:
         raise NotImplementedError
 
+    # ---- what each path supplies: its kernels over its memory (see the module docstring) ----------------
+    def _forward(self, variant: str, graph: str, x: np.ndarray):
+        raise NotImplementedError
+
+    def _evaluate(self, variant: str, x: np.ndarray, y: np.ndarray):
+        raise NotImplementedError
+
+    def _train(self, variant: str, x: np.ndarray, y: np.ndarray, lr: float):
+        raise NotImplementedError
+
+    def _after_backward(self, views, tape=None) -> None:
+        """Called once per training step between the last backward op and the optimizer op, when the
+        gradient region (``self._regions["grads"]``) holds the step's gradients and nothing has read them
+        yet: the point for a data-parallel all-reduce or any other gradient hook. A no-op here.
+
+        The CPU path calls it during every step (``tape`` is None). The CUDA path calls it once, while
+        the step is recorded, with the launch ``tape``: what it records there runs on the step's stream
+        in every replay (and inside the captured CUDA graph); its gradients are loss-scaled."""
+
+    def _run_schedule(self, graph: str, views, run_op, forward_only: bool = False, tape=None) -> None:
+        """``run_op(op)`` for each op of ``graph`` in schedule order (only the forward ops with
+        ``forward_only``), with `_after_backward` before the optimizer op."""
+        for op in self.plan.graphs[graph].ops:
+            if forward_only and op.direction != "forward":
+                continue
+            if op.direction == "optimizer":
+                self._after_backward(views, tape)
+            run_op(op)
+
     # ---- steps -----------------------------------------------------------------------------------------
-    def submit_train_step(self, x: np.ndarray, y, lr: float) -> "FinishedStep":
-        """Start one training step; ``.result()`` gives ``(loss, number correct)``. Here the step runs at
-        once; an executor with a device stream overrides this to return before the device finishes."""
-        loss = self.train_step(x, y, lr)
-        return FinishedStep(loss, self.last_correct)
+    def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
+        """Logits (float32) for a batch. `train=True` runs the training forward (batch statistics,
+        dropout, running-stat updates) without backward or update."""
+        self._check_batch(x)
+        graph = "train" if train and "train" in self.plan.graphs else "eval"
+        variant = self._variant_for(x.shape, graph)
+        return self._forward(variant, graph, x).astype(np.float32)
+
+    def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
+        """(mean loss, number correct, logits) in eval mode."""
+        y = self._check_batch(x, y)
+        variant = self._variant_for(x.shape, "eval")
+        loss, correct, logits = self._evaluate(variant, x, y)
+        return (*step_result(loss, correct), logits.astype(np.float32))
+
+    def train_step(self, x: np.ndarray, y, lr: float) -> float:
+        """One step: forward, loss, backward, optimizer update, BN running stats. Returns the loss
+        (and sets ``last_correct``)."""
+        loss, self.last_correct = self.submit_train_step(x, y, lr).result()
+        return loss
+
+    def submit_train_step(self, x: np.ndarray, y, lr: float):
+        """Start one training step; ``.result()`` gives ``(loss, number correct)``. The CPU path has run
+        the step by the time this returns; the CUDA path returns once the step is queued on its stream."""
+        if not self.plan.training:
+            raise ValueError("this plan was compiled with training=False; compile a train variant to train")
+        y = self._check_batch(x, y)
+        lr = self._check_lr(lr)
+        variant = self._variant_for(x.shape, "train")
+        step = self._train(variant, x, y, lr)
+        self.step_count += 1
+        return step
+
+    def train_steps(self, steps):
+        """``(loss, correct)`` of each ``(x, y, lr)`` of ``steps``, in order, with step k+1 submitted
+        before step k's result is read (on the CUDA path the host stages the next batch while the
+        device runs)."""
+        pending = None
+        for x, y, lr in steps:
+            submitted = self.submit_train_step(x, y, lr)
+            if pending is not None:
+                loss, self.last_correct = pending.result()
+                yield loss, self.last_correct
+            pending = submitted
+        if pending is not None:
+            loss, self.last_correct = pending.result()
+            yield loss, self.last_correct
 
     # ---- batches ---------------------------------------------------------------------------------------
     def _variant_for(self, shape, graph: str) -> str:

@@ -7,11 +7,7 @@ session stays attached to that task value for `evaluate()`, `predict()` and `sav
 """
 from __future__ import annotations
 
-import json
-import math
-import time
-from collections import deque
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -19,43 +15,20 @@ import numpy as np
 
 from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
-from blueprint._parse import parse_as
 from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
                              keyword_construction)
-from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
-from blueprint.task._console import Console
-from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
+from blueprint.task._fit_loop import DivergedError, EpochRecord, FitLoop, classification_metrics
+from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
+from blueprint.task._save_resume import CHECKPOINT_FORMAT, SaveResume
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
 if TYPE_CHECKING:
     from blueprint._model import Model
 
+__all__ = ["CHECKPOINT_FORMAT", "ConfigError", "DeepLearningTask", "DivergedError", "EpochRecord", "TASK_KEYWORDS",
+           "classification_metrics"]
+
 DEVICES = ("cpu", "cuda")
-CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
-
-
-class DivergedError(FloatingPointError, ValueError):
-    """The training loss became NaN or Inf: the learning rate or the data, not a bug."""
-
-
-@dataclass(frozen=True)
-class EpochRecord:
-    epoch: int
-    lr: float
-    train_loss: float
-    train_accuracy: float
-    val_loss: float | None
-    val_accuracy: float | None
-    val_top5: float | None
-    seconds: float
-    images_per_second: float
-
-    def metrics(self) -> dict:
-        """Everything but the timings: bit-identical between runs with the same seed on CPU."""
-        return {k: v for k, v in self.as_dict().items() if k not in ("seconds", "images_per_second")}
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -78,7 +51,7 @@ class _Session:
 
 
 @dataclass(frozen=True)
-class DeepLearningTask:
+class DeepLearningTask(FitLoop, SaveResume):
     """Train a BluePrint.
 
     >>> from blueprint import zoo
@@ -363,111 +336,6 @@ class DeepLearningTask:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
 
-    def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
-        with Console(self.show_progress) as console:
-            return self._fit_epochs(session, interrupt, console)
-
-    def _fit_epochs(self, session, interrupt: DeferredInterrupt, console: Console) -> list[EpochRecord]:
-        loader, val_loader, _ = self._loaders()
-        steps = loader.steps_per_epoch
-        for epoch in range(session.epochs_done, self.epoch_count):
-            start = time.perf_counter()
-            resumed = session.position is not None and session.position.epoch == epoch
-            position = session.position if resumed else Position(epoch, lr=self.base_lr)
-            session.position = position
-            order = loader.order(epoch)
-            console.begin_epoch(steps, position.batch, f"epoch {epoch + 1}/{self.epoch_count}")
-            try:
-                position = self._train_steps(session, interrupt, loader, order, position, console, start)
-            finally:
-                console.close_bar()
-            train_seconds = time.perf_counter() - start - console.epoch_compile_seconds()   # img/s without compiling
-            val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
-            seen = position.seen
-            record = EpochRecord(epoch + 1, float(position.lr), position.loss_sum / seen, position.correct / seen,
-                                 val["loss"] if val else None, val["top1"] if val else None,
-                                 val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
-            session.history.append(record)
-            console.epoch_done(record, self.epoch_count, steps, console.epoch_compile_seconds())
-            session.epochs_done, session.position = epoch + 1, None
-            if self.log_path:
-                with open(self.log_path, "a", encoding="utf-8") as log:
-                    log.write(json.dumps(record.as_dict()) + "\n")
-            if self.checkpoint_path:
-                self.save(self.checkpoint_path)
-                interrupt_path(Path(self.checkpoint_path)).unlink(missing_ok=True)   # superseded
-            for fn in self.callbacks:
-                fn(record)
-            interrupt.check()
-        return list(session.history)
-
-    def _train_steps(self, session, interrupt: DeferredInterrupt, loader, order, position: Position,
-                     console: Console, start: float) -> Position:
-        """The epoch's remaining steps, from `position`. Step k+1 is submitted before step k's result is
-        read, so a device runs step k while the host prepares and stages batch k+1 (a synchronous
-        executor has finished each step by the time it returns). The position counts a step once its
-        result is read; on an interrupt outside an executor call every submitted step is read first,
-        so the position saved with the weights is exact."""
-        epoch, steps, executor = position.epoch, loader.steps_per_epoch, session.executor
-        seen_before = position.seen     # samples of this epoch trained before a resume
-        in_flight = deque()             # (step, lr, batch size, pending result), oldest first
-
-        def finish_oldest(position: Position) -> Position:
-            step, lr, size, pending = in_flight[0]
-            interrupt.stepping = True   # a second Ctrl-C while waiting: position and weights may disagree
-            loss, correct = pending.result()
-            if not math.isfinite(loss):
-                raise DivergedError(f"training diverged at epoch {epoch + 1}, step {step}: the loss became "
-                                    f"{loss}; lower the learning rate (now {lr:g}) or check the data")
-            position = session.position = position.after_step(size, loss, correct, lr)
-            in_flight.popleft()
-            interrupt.stepping = False
-            console.batch_done(position, seen_before, start)
-            return position
-
-        try:
-            for step in range(position.batch, steps):
-                interrupt.check()
-                x, y = loader.batch(epoch, step, order)
-                lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
-                interrupt.stepping = True    # the executor is changing the weights
-                in_flight.append((step, lr, len(y), executor.submit_train_step(x, y, lr)))
-                interrupt.stepping = False
-                if len(in_flight) > 1:
-                    position = finish_oldest(position)
-        except KeyboardInterrupt:
-            while in_flight and not interrupt.stepping:    # the submitted steps have run or will: count them
-                position = finish_oldest(position)
-            raise
-        while in_flight:
-            position = finish_oldest(position)
-        return position
-
-    def _evaluate_loader(self, session, loader, interrupt: DeferredInterrupt | None = None) -> dict:
-        logits, labels = [], []
-        for x, y in loader.epoch(0):
-            logits.append(self._forward_padded(session, x))
-            labels.append(y)
-            if interrupt is not None:
-                interrupt.check()
-        return classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
-
-    def _forward_padded(self, session, x: np.ndarray) -> np.ndarray:
-        """Eval logits for any batch size: eval-mode layers act per sample, so a batch is split
-        into compiled eval shapes and the last piece padded with zeros."""
-        shapes = {v.input_shape[0] for v in session.plan.variants.values() if v.graph == "eval"}
-        out = []
-        full = session.eval_batch
-        for start in range(0, len(x), full):
-            piece = x[start:start + full]
-            if len(piece) not in shapes:
-                padded = np.zeros((full,) + piece.shape[1:], np.float32)
-                padded[:len(piece)] = piece
-                out.append(session.executor.forward(padded)[:len(piece)])
-            else:
-                out.append(session.executor.forward(np.ascontiguousarray(piece)))
-        return np.concatenate(out).astype(np.float32)
-
     def evaluate(self, dataset: ArrayDataset) -> dict:
         """Loss, top-1 and (with >= 5 classes) top-5 accuracy on a dataset, in eval mode."""
         session = self.session()
@@ -487,150 +355,10 @@ class DeepLearningTask:
                               f"got {x.dtype} {x.shape}")
         return self._forward_padded(session, x)
 
-    # ---- checkpoints --------------------------------------------------------------------------------------
-    def save(self, path) -> Path:
-        """Write weights, BN statistics, optimizer state and position as one safetensors file (atomically).
-        Mid-epoch (after an interrupt) the position records the next batch and the epoch's sums so far."""
-        session = self.session()
-        ex = session.executor
-        tensors = {"model." + k: v for k, v in ex.state_dict().items()}
-        tensors.update({"optim." + k: v for k, v in ex.optimizer_state().items()})
-        position = session.position if session.position is not None and session.position.started else None
-        state = {"format": CHECKPOINT_FORMAT, "blueprint": repr(self.blueprint_value),
-                 "optimizer": repr(self.optimizer_config), "loss": repr(self.loss_config),
-                 "scheduler": repr(self.scheduler_config), "epochs_done": session.epochs_done,
-                 "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
-                 "sample_shape": list(self.train_set.sample_shape), "input": self._input_spec().as_state(),
-                 "position": None if position is None else position.as_state(),
-                 "history": [r.as_dict() for r in session.history]}
-        path = Path(path)
-        save_checkpoint(path, tensors, state)
-        return path
-
-    def _input_spec(self):
-        """The input the network was trained on, stored with the weights: layout, dtype, normalisation.
-        Measured once per training set (a pass over CIFAR-10 takes seconds), not at every save."""
-        from blueprint._model import InputSpec
-        session = self.session()
-        measured = (self.train_set, repr(self.normalisation))
-        if session.input_spec and session.input_spec[0] is measured[0] and session.input_spec[1] == measured[1]:
-            return session.input_spec[2]
-        _, _, (mean, std) = self._loaders()
-        x = self.train_set.x
-        flat = x.reshape(-1, x.shape[-1]) if x.dtype == np.float32 and len(x) else None
-        spec = InputSpec(self.train_set.sample_shape, str(x.dtype), mean, std,
-                         None if flat is None else tuple(flat.min(axis=0)),
-                         None if flat is None else tuple(flat.max(axis=0)))
-        session.input_spec = measured + (spec,)
-        return spec
-
-    def _inference_model(self):
-        from blueprint._model import Model
-        if not self._session or not self._session[0].holds_training:
-            raise ConfigError("task.model() returns the trained network: call fit() (or resume(path)) first; "
-                              "to set the network use .model(bp)")
-        model = Model(self.blueprint_value, self._input_spec(), seed=self.seed_value)
-        return model.load_state_dict(self._session[0].executor.state_dict())
-
-    def resume(self, path) -> "DeepLearningTask":
-        """Load a checkpoint into this task's session; `fit()` then continues where it stopped (at the
-        next batch, for an interrupt checkpoint). Everything is checked before anything is loaded: a
-        checkpoint of another model, loss, optimizer kind, scheduler, batch size, input shape or seed
-        is refused naming the field, and a refused resume leaves the task exactly as it was."""
-        tensors, state = load_checkpoint(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint of this version (format "
-                              f"{state.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
-        self.validate()
-        self._check_resumable(path, state)
-        session = self._session[0] if self._session else self._new_session()
-        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-        optimizer_state = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
-        session.executor.check_state_dict(weights)
-        session.executor.check_optimizer_state(optimizer_state)
-        epochs_done = _count(path, state, "epochs_done", 0)
-        history = _history(path, state.get("history"))
-        position = Position.from_state(path, state.get("position"), epochs_done,
-                                       self._loaders()[0].steps_per_epoch)
-        # everything checked: only now change the session
-        session.executor.load_state_dict(weights)
-        session.executor.load_optimizer_state(optimizer_state)
-        session.epochs_done, session.history, session.position, session.resumed = epochs_done, history, position, True
-        if not self._session:
-            self._session.append(session)
-        return self
-
-    def _check_resumable(self, path, state: dict) -> None:
-        optimizer = parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW))
-        recorded = {"model": state.get("blueprint"), "loss": state.get("loss"),
-                    "optimizer kind": type(optimizer).__name__, "scheduler": state.get("scheduler"),
-                    "batch size": state.get("batch_size"), "input shape (H, W, C)": tuple(state.get("sample_shape", ())),
-                    "seed": state.get("seed")}
-        current = {"model": repr(self.blueprint_value), "loss": repr(self.loss_config),
-                   "optimizer kind": type(self.optimizer_config).__name__, "scheduler": repr(self.scheduler_config),
-                   "batch size": self.batch, "input shape (H, W, C)": self.train_set.sample_shape,
-                   "seed": self.seed_value}
-        fixes = {"model": "resume with the same model (DeepLearningTask.load(path) rebuilds the task the checkpoint "
-                          "was trained with), or start a new run in another --out folder",
-                 "loss": f"configure the checkpoint's loss: .loss({recorded['loss']})",
-                 "optimizer kind": f"use the checkpoint's optimizer (--optimizer {recorded['optimizer kind'].lower()}, "
-                                   f"or .optimizer({state.get('optimizer')}))",
-                 "scheduler": f"configure the checkpoint's scheduler: .scheduler({recorded['scheduler']})",
-                 "batch size": f"use --batch-size {recorded['batch size']} (or .data(..., batch_size="
-                               f"{recorded['batch size']}))",
-                 "input shape (H, W, C)": "resume on data of the shape the checkpoint was trained on",
-                 "seed": f"use --seed {recorded['seed']} (or .seed({recorded['seed']}))"}
-        check_resumable(path, recorded, current, fixes)
-
-    @staticmethod
-    def load(path) -> "DeepLearningTask":
-        """A task rebuilt from a checkpoint (model, loss, optimizer, scheduler, epochs, seed, batch size);
-        attach data with `.data(...)`, then `.resume(path)` to restore the weights."""
-        _, state = load_checkpoint(path)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
-        # parsed, never evaluated: a checkpoint cannot run code
-        return (DeepLearningTask().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
-                .loss(parse_as(state.get("loss"), f"{path}: loss", (CrossEntropyLoss,)))
-                .optimizer(parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW)))
-                .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler",
-                                    (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)))
-                .epochs(_count(path, state, "epochs", 1)).seed(_count(path, state, "seed", 0))
-                ._new(batch=_count(path, state, "batch_size", 1)))
-
-
 # PyTorch/Keras-style keywords: DeepLearningTask(model=bp, optimizer=SGD(lr=0.1), epochs=3) equals the chain
 TASK_KEYWORDS = ("model", "loss", "optimizer", "scheduler", "epochs", "device", "amp", "fuse", "seed", "drop_last",
                  "progress", "log", "checkpoint")
 keyword_construction(DeepLearningTask, TASK_KEYWORDS, " Data goes through .data(train=..., val=..., batch_size=...).")
-
-
-def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:
-    """Mean cross-entropy (PyTorch's label smoothing), top-1 and, with >= 5 classes, top-5 accuracy."""
-    z = logits.astype(np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-    nll = -logp[np.arange(len(labels)), labels]
-    loss = (1 - smoothing) * nll - smoothing * logp.mean(axis=1)
-    out = {"loss": float(loss.mean()), "top1": float((logits.argmax(axis=1) == labels).mean()), "samples": len(labels)}
-    if logits.shape[1] >= 5:
-        top5 = np.argsort(-logits, axis=1, kind="stable")[:, :5]
-        out["top5"] = float((top5 == labels[:, None]).any(axis=1).mean())
-    return out
-
-
-def _count(path, state: dict, key: str, minimum: int) -> int:
-    value = state.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{path}: the checkpoint's {key} must be an int >= {minimum}, found {value!r}")
-    return value
-
-
-def _history(path, records) -> list[EpochRecord]:
-    names = sorted(f.name for f in fields(EpochRecord))
-    if not isinstance(records, list) or any(not isinstance(r, dict) or sorted(r) != names for r in records):
-        raise ConfigError(f"{path}: the checkpoint's history must be a list of epoch records with fields {names}")
-    return [EpochRecord(**r) for r in records]
 
 
 def _flag(name: str, value) -> bool:

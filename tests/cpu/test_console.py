@@ -15,7 +15,7 @@ from blueprint.task._console import COMPILE_NOTICE, CompileWatch, Console, epoch
 from blueprint.task.data import ArrayDataset, digits
 
 EPOCH_LINE = re.compile(r"^epoch (\d+)/(\d+)  (\d+)/\3  [\d.]+s  loss [\d.]+  acc [\d.]+  val_loss [\d.]+  "
-                        r"val_acc [\d.]+  \d+ img/s  lr [\d.e-]+( \(compiling kernels took [\d.]+s, not counted in img/s\))?$")
+                        r"val_acc [\d.]+  \d+ img/s  lr [\d.e-]+(  \(compiling kernels took [\d.]+s, not counted in img/s\))?$")
 
 
 @pytest.fixture

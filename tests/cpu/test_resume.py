@@ -122,14 +122,14 @@ def test_ctrl_c_is_deferred_to_the_end_of_the_step(sets, straight, tmp_path, mon
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         pytest.skip("the test runner handles SIGINT in this process, so fit() leaves it alone")
     checkpoint = tmp_path / "checkpoint.safetensors"
-    real_step = CpuExecutor.train_step
+    real_step = CpuExecutor.submit_train_step   # what fit() calls
 
     def step(self, x, y, lr):
         if self.step_count == 2:
             os.kill(os.getpid(), signal.SIGINT)     # arrives while this step still has work to do
         return real_step(self, x, y, lr)
 
-    monkeypatch.setattr(CpuExecutor, "train_step", step)
+    monkeypatch.setattr(CpuExecutor, "submit_train_step", step)
     with pytest.raises(KeyboardInterrupt):
         make_task(sets).checkpoint(checkpoint).fit()
     monkeypatch.undo()
@@ -198,14 +198,14 @@ def test_an_interrupt_inside_a_step_writes_no_interrupt_checkpoint(sets, tmp_pat
     """A KeyboardInterrupt raised inside a step (a second Ctrl-C, or a foreign SIGINT handler): the weights
     may be half-updated, so no interrupt checkpoint is written; the epoch checkpoint stays."""
     checkpoint = tmp_path / "checkpoint.safetensors"
-    real_step = CpuExecutor.train_step
+    real_step = CpuExecutor.submit_train_step   # what fit() calls
 
     def step(self, x, y, lr):
         if self.step_count == STEPS + 1:
             raise KeyboardInterrupt
         return real_step(self, x, y, lr)
 
-    monkeypatch.setattr(CpuExecutor, "train_step", step)
+    monkeypatch.setattr(CpuExecutor, "submit_train_step", step)
     with pytest.raises(KeyboardInterrupt):
         make_task(sets).checkpoint(checkpoint).fit()
     assert not interrupt_path(checkpoint).exists()

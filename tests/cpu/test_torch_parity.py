@@ -1,4 +1,4 @@
-"""Whole networks against hand-written PyTorch models (benchmarks/torch_models.py, written
+"""Whole networks against PyTorch models (tests/support/torch_models.py: torchvision's, written
 independently of our planner), one step at a time at identical parameters.
 
 Three sides take every step: ours (float32), PyTorch in float64 (the reference) and PyTorch in
@@ -33,7 +33,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 import torch_models  # noqa: E402
 
 from blueprint import BluePrint, bn, conv, dropout, fc, gap, mbconv, named, relu6, seq, zoo  # noqa: E402

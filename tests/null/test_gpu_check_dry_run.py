@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("numba", reason="the dry run type-checks the CUDA kernel launches against numba's types "
+                                    "(pip install numba numba-cuda)")
+
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = ["cross-check rows at batch", "timing rows at batch", "graph-vs-eager:", "step-check", "step-replay",
             "step-timing"]

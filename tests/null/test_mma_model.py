@@ -7,8 +7,10 @@ choices, and that the printed table labels every figure a prediction.
 """
 import pytest
 
-from benchmarks._gpu_model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions
-from benchmarks._gpu_step_common import resnet18_cifar_blueprint, zoo_model
+pytest.importorskip("numba", reason="the performance model reads the tile tables of cuda_kernels, which needs numba "
+                                    "(pip install numba numba-cuda)")
+from benchmarks._gpu_model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions  # noqa: E402
+from benchmarks._gpu_step_common import resnet18_cifar_blueprint, zoo_model  # noqa: E402
 
 
 def test_resnet50_has_53_convolutions_at_the_torchvision_sizes():

@@ -15,12 +15,12 @@ never copied or normalised as a whole.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
-from numba import njit
 
 from blueprint.task.data._dataset import UINT8_SCALE, ArrayDataset
 
@@ -63,7 +63,14 @@ def _per_channel(what: str, value, channels: int, default: float) -> np.ndarray:
     return np.broadcast_to(values, (channels,)).copy()
 
 
-@njit(cache=True)
+@functools.cache
+def _fill_batch_kernel():
+    """`_fill_batch`, compiled by numba. numba is imported at the first batch, not with this module, so
+    the DSL, the planner, the CLI's parsing and checkpoint I/O import without numba installed."""
+    from numba import njit
+    return njit(cache=True)(_fill_batch)
+
+
 def _fill_batch(x, indices, divisor, mean, std, pad, shift_y, shift_x, flip, out):
     height, width, channels = x.shape[1], x.shape[2], x.shape[3]
     for b in range(indices.shape[0]):
@@ -181,7 +188,7 @@ class DataLoader:
         shift_y, shift_x, flip = self.augment_draws(epoch, index, len(indices))
         pad = self.augment.crop_padding if self.augment else 0
         divisor = UINT8_SCALE if x.dtype == np.uint8 else 1.0
-        _fill_batch(x, indices, divisor, self._mean, self._std, pad, shift_y, shift_x, flip, out)
+        _fill_batch_kernel()(x, indices, divisor, self._mean, self._std, pad, shift_y, shift_x, flip, out)
         return out, self.dataset.y[indices]
 
     def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
