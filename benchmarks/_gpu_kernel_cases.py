@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
 from cuda_kernels import _batchnorm, _elementwise, _loss, _optim, _pool
 from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args

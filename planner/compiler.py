@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
-from planner.registry import KINDS_WITH_EXTRAS, REGISTRY, ParamRule, Shape, ShapeError
+from planner.ops import KINDS_WITH_EXTRAS, OPS, ParamRule, Shape, ShapeError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "int32": 4, "int64": 8, "uint8": 1}
 PERSISTENT_REGIONS = ("params", "weights16", "grads", "optim", "bn_stats", "io", "scalars")
@@ -152,7 +152,7 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
     value_shapes: dict[str, dict[int, Shape]] = {}
     param_shapes: dict[int, list[tuple[ParamRule, Shape]]] = {}
     seen_in: dict[int, tuple[str, Shape]] = {}
-    prims = [(REGISTRY[prim.kind], prim) for _, prim in _primitive_list(arch)]
+    prims = [(OPS[prim.kind], prim) for _, prim in _primitive_list(arch)]
     for variant, shape in variants.items():
         shape = tuple(shape)
         if len(shape) != 4 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
@@ -347,7 +347,7 @@ class _GraphBuilder:
             if layer.kind in FUSED:
                 saved |= self._fused_saved_values(layer)
                 continue
-            rule = REGISTRY[layer.kind]
+            rule = OPS[layer.kind]
             if "input" in rule.saves:
                 saved |= set(layer.inputs)
             if "output" in rule.saves:
@@ -382,7 +382,7 @@ class _GraphBuilder:
         for position, (_, prim) in enumerate(self.prims):
             if prim.kind not in KINDS_WITH_EXTRAS:
                 continue
-            extras = REGISTRY[prim.kind].extras
+            extras = OPS[prim.kind].extras
             per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
             if per_variant[0]:
                 extras_of[position] = [(extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
@@ -394,7 +394,7 @@ class _GraphBuilder:
         if not extras:
             return []
         out = []
-        eval_workspaces = graph == "eval" and not REGISTRY[prim.kind].train_only_extras
+        eval_workspaces = graph == "eval" and not OPS[prim.kind].train_only_extras
         for extra, variant_shapes in extras:
             saved, phases = extra.saved, extra.phases
             if saved and graph == "eval":   # nothing reads it back; the forward kernel may still need room for it
@@ -457,7 +457,7 @@ class _GraphBuilder:
         saved_values = self._fused_saved_values(layer) if fused else None
         for position in () if fused else positions:
             prim = self.prims[position][1]
-            saves = REGISTRY[prim.kind].saves
+            saves = OPS[prim.kind].saves
             if "input" in saves:
                 reads.append(("x", self.value_tensor[prim.inputs[0]]))
             if "output" in saves:
@@ -589,7 +589,7 @@ class Compiler:
             shapes = value_shapes[next(iter(variants))]
             ins = [shapes[v] for v in prim.inputs]
             out = shapes[prim.output]
-            macs[position] = REGISTRY[prim.kind].macs(prim, [(1,) + s[1:] for s in ins], (1,) + out[1:] if out else out)
+            macs[position] = OPS[prim.kind].macs(prim, [(1,) + s[1:] for s in ins], (1,) + out[1:] if out else out)
         return CompiledPlan(arch, tuple(p for _, p in builder.prims), variant_plans, value_shapes, graphs,
                             tuple(tensors), tuple(builder.params), memory, dict(builder.io), macs, act_dtype,
                             training, optimizer_state_slots if training else 0)

@@ -17,7 +17,7 @@ import pytest
 
 from cpu_ref import _misc
 from cpu_ref import kernels as K
-from cpu_ref import reference as R
+from planner import reference as R
 
 F32 = np.float32
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from cpu_ref import kernels as K
-from cpu_ref import reference as R
+from planner import reference as R
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 F = torch.nn.functional

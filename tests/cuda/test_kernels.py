@@ -1,4 +1,4 @@
-"""Every CUDA kernel against the numpy spec (``cpu_ref.reference``), one table row per case.
+"""Every CUDA kernel against the numpy spec (``planner.reference``), one table row per case.
 
 Inputs are fp16 values; the spec runs in float64 on exactly those values, so a kernel
 differs from it only by its fp32 arithmetic and the final rounding of what it stores.
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
 from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._registry import all_kernels
 from cuda_kernels._tape import LaunchTape

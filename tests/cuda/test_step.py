@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
 from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._arena import DeviceArena
 from cuda_kernels._tape import Immediate, LaunchTape

@@ -29,7 +29,7 @@ from blueprint import (
 from planner import ArchPlan, ExpandError
 from planner._build import is_compiled, source
 from planner.compiler import Compiler, size_slot
-from planner.registry import ShapeError
+from planner.ops import ShapeError
 from planner.verify import PlanError
 
 # The twins: `planner._expand` as imported (the compiled extension where it is built) and the same
