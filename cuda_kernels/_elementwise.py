@@ -141,7 +141,7 @@ def channel_pad_backward(launcher, dy, dx, accumulate):
                     np.int32(tuple(dx.shape)[-1]), np.int32(tuple(dy.shape)[-1]), np.int32(accumulate))
 
 
-# Dropout: splitmix64 as in cpu_ref.reference.dropout_uniform, in uint64 only (bit-exact).
+# Dropout: splitmix64 as in planner.reference.dropout_uniform, in uint64 only (bit-exact).
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S11, _U1 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11), np.uint64(1)
 
