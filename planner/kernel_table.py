@@ -67,16 +67,17 @@ class KernelTable:
         fn = self._impls.get((kind, direction))
         if fn is not None:
             return fn
-        at = f" ({where})" if where else ""
+        name, at = str(kind), f" ({where})" if where else ""
         if (kind, direction) in self._absent:
-            raise NotOnPathError(f"{kind!r} has no {direction} on the {self.path} path{at}: "
+            raise NotOnPathError(f"{name!r} has no {direction} on the {self.path} path{at}: "
                                  f"{self._absent[kind, direction]}")
         if kind not in OPS:
-            raise MissingKernelError(f"{kind!r}{at} is not a primitive kind of the op table (planner/ops.py Prim); "
+            raise MissingKernelError(f"{name!r}{at} is not a primitive kind of the op table (planner/ops.py Prim); "
                                      f"the {self.path} path runs only those")
-        raise MissingKernelError(f"the {self.path} path has no {direction} implementation of {kind!r}{at}; "
-                                 f"register one with @implements(Prim.{Prim(kind).name}, {direction!r}) in "
-                                 f"{self.home(Prim(kind))}, or declare not_on_path(...) with the reason")
+        prim = Prim(kind)
+        raise MissingKernelError(f"the {self.path} path has no {direction} implementation of {name!r}{at}; "
+                                 f"register one with @implements(Prim.{prim.name}, {direction!r}) in "
+                                 f"{self.home(prim)}, or declare not_on_path(...) with the reason")
 
     def covers(self, prim: Prim, direction: str) -> bool:
         """True when ``prim`` has an implementation or an explicit not-on-path entry in ``direction``."""
