@@ -291,5 +291,7 @@ if missing:
 
 OPS = MappingProxyType({prim: _ROWS[prim] for prim in Prim})    # Prim -> OpRow, frozen, in Prim order
 ACTIVATIONS = tuple(prim for prim, row in OPS.items() if row.activation)
+# one input, output of the input's shape: the expander emits these generically from a DSL leaf of the same name
+SHAPE_PRESERVING = frozenset(prim for prim, row in OPS.items() if row.shape is _same and row.directions == TRAIN)
 # kinds whose row can ask for extra tensors (the others never do, so the compiler skips asking them)
 KINDS_WITH_EXTRAS = frozenset(prim for prim, row in OPS.items() if row.extras is not _none)
