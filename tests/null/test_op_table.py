@@ -130,7 +130,7 @@ def test_check_plan_fails_on_the_first_kind_without_an_implementation():
         for direction in table.required(prim):
             if (prim, direction) != (Prim.SILU, "backward"):
                 table.register(prim, direction, print)
-    with pytest.raises(MissingKernelError, match=r"no backward implementation of 'silu' \(seq\[7\]\.silu\); "
+    with pytest.raises(MissingKernelError, match=r"no backward implementation of 'silu' \(seq\[\d+\]\.silu\); "
                                                  r"register one with .* in tests/silu\.py"):
         table.check_plan(plan)
     table.register(Prim.SILU, "backward", print)

@@ -2,17 +2,20 @@
 
 The coverage tests build an executor (or an exporter) for it: every kind in every direction a
 path runs is then asked of that path's kernel table. `test_every_kind_network_covers_the_table`
-(tests/null/test_op_table.py) fails when a kind is added to the table but not to this network.
+(tests/null/test_op_table.py) fails when a kind is added to the table but not to this network;
+activations join by themselves (their DSL factory has the kind's name).
 """
-from blueprint import (BluePrint, add2, avgpool, bn, channel_padding, conv, dropout, fc, flatten, gap, gelu,
-                       hardswish, identity, leaky_relu, maxpool, relu, relu6, seq, sigmoid, silu, tanh)
+import blueprint
+from blueprint import (BluePrint, add2, avgpool, bn, channel_padding, conv, dropout, fc, flatten, gap, identity,
+                       maxpool, relu, seq)
+from planner.ops import ACTIVATIONS
 
 IN_CHANNELS = 3
 INPUT_SHAPE = (2, 8, 8, IN_CHANNELS)   # (N, H, W, C) of the train and eval variants
 
 
 def every_kind() -> BluePrint:
-    pointwise = [relu6(), leaky_relu(0.1), sigmoid(), tanh(), silu(), hardswish(), gelu()]
+    pointwise = [getattr(blueprint, kind.value)() for kind in ACTIVATIONS]   # each DSL factory is named as its kind
     return BluePrint(seq(
         conv(8, 3, 1, 1), bn(), relu(), *pointwise, dropout(0.25),
         add2(identity(), seq(conv(8, 3, 1, 1), bn())),
