@@ -17,10 +17,12 @@ import enum
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from planner import reference as R
-from planner._arch import ArchLayer
+
+if TYPE_CHECKING:   # planner._arch reads this table (PARAMETER_KINDS), so it is imported for the annotations only
+    from planner._arch import ArchLayer
 
 Shape = tuple[int, ...]
 
@@ -291,6 +293,7 @@ if missing:
 
 OPS = MappingProxyType({prim: _ROWS[prim] for prim in Prim})    # Prim -> OpRow, frozen, in Prim order
 ACTIVATIONS = tuple(prim for prim, row in OPS.items() if row.activation)
+PARAMETER_KINDS = frozenset(prim for prim, row in OPS.items() if row.params is not _none)
 # one input, output of the input's shape: the expander emits these generically from a DSL leaf of the same name
 SHAPE_PRESERVING = frozenset(prim for prim, row in OPS.items() if row.shape is _same and row.directions == TRAIN)
 # kinds whose row can ask for extra tensors (the others never do, so the compiler skips asking them)
