@@ -87,12 +87,13 @@ class KernelTable:
         """The directions of ``prim`` this path must cover: its row's directions that the path runs."""
         return tuple(d for d in OPS[prim].directions if d in self.directions)
 
-    def check_plan(self, plan) -> None:
-        """Raise unless every (primitive, direction) that ``plan``'s schedules run is implemented here."""
-        seen = set()
+    def check_plan(self, plan, directions: tuple[str, ...] = ()) -> None:
+        """Raise unless every (primitive, direction) that ``plan``'s schedules run is implemented here;
+        ``directions``: only those (an exporter runs the forward ops only), default all of the path's."""
+        directions, seen = directions or self.directions, set()
         for graph in plan.graphs.values():
             for op in graph.ops:
-                if op.layer < 0 or op.direction not in self.directions:
+                if op.layer < 0 or op.direction not in directions:
                     continue
                 for prim in _primitives(plan.arch.layers[op.layer]):
                     if (prim.kind, op.direction) not in seen:

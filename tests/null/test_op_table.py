@@ -135,3 +135,15 @@ def test_check_plan_fails_on_the_first_kind_without_an_implementation():
         table.check_plan(plan)
     table.register(Prim.SILU, "backward", print)
     table.check_plan(plan)
+
+
+def test_check_plan_can_be_limited_to_the_directions_a_path_runs():
+    """An exporter runs the forward ops only: a table of forward builders passes for them, not for all."""
+    plan = every_kind_plan()
+    table = _table()
+    for prim in Prim:
+        if "forward" in OPS[prim].directions:
+            table.register(prim, "forward", print)
+    table.check_plan(plan, ("forward",))
+    with pytest.raises(MissingKernelError, match="no (loss|backward) implementation"):
+        table.check_plan(plan)
