@@ -17,14 +17,12 @@ import enum
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from planner import reference as R
 
-if TYPE_CHECKING:   # planner._arch reads this table (PARAMETER_KINDS), so it is imported for the annotations only
-    from planner._arch import ArchLayer
-
 Shape = tuple[int, ...]
+ArchLayer = Any   # a planner._arch.ArchLayer, not imported: planner._arch reads this table (PARAMETER_KINDS)
 
 
 class ShapeError(ValueError):
