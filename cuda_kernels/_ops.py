@@ -14,6 +14,10 @@ fusions of DESIGN.md §5 where its schedule allows them:
   fused apply, only where a backward kernel reads them; then each primitive's backward runs
   in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces.
 
+Each primitive's forward and backward launch is registered against its ``Prim`` in the CUDA kernel
+table (``cuda_kernels._table.CUDA``; activations from ``_elementwise.pointwise``); the chain above only
+decides the fusions, then looks every primitive up there.
+
 Roles are the planner's (``planner.compiler``): unfused ops read ``x``/``a``/``b``,
 ``weight``, ``save_mean``, ...; fused ops prefix them with the primitive's position
 (``3:weight``) and name saved / recomputed values and internal gradients ``saved<v>``,
