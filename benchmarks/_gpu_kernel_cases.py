@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
+from planner.ops import ACTIVATIONS, OPS, Prim
 from cuda_kernels import _batchnorm, _elementwise, _loss, _optim, _pool
 from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args
@@ -127,10 +128,29 @@ def batchnorm_case(mem, rng, rows, channels, direction):
                 {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
 
 
-def activation_case(mem, rng, n, code):
+def activation_case(mem, rng, n, prim):
     (hx, x), y = mem.random(rng, n, np.float16, 3.0), mem.output(n, np.float16)
-    return Case(lambda t: _elementwise.activation_forward(t, code, x, y, 0.1), {"y": y},
-                lambda: {"y": (ref.activation_forward(code, f32(hx), 0.1), "fp16")}, 0, 4 * n)
+    return Case(lambda t: _elementwise.activation_forward(t, prim, x, y, 0.1), {"y": y},
+                lambda: {"y": (OPS[prim].reference_forward(f32(hx), 0.1), "fp16")}, 0, 4 * n)
+
+
+def activations_case(mem, rng, n):
+    """Forward and backward of every activation of the op table (its two generated kernels each)."""
+    (hx, x), (hdy, dy) = mem.random(rng, n, np.float16, 3.0), mem.random(rng, n, np.float16)
+    outs = {prim: (mem.output(n, np.float16), mem.output(n, np.float16)) for prim in ACTIVATIONS}
+
+    def record(t):
+        for prim, (y, dx) in outs.items():
+            _elementwise.activation_forward(t, prim, x, y, 0.1)
+            _elementwise.activation_backward(t, prim, x, dy, dx, 0.1, False)   # x stands for the saved value
+
+    def expected():
+        x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
+        return {label: (value, "fp16") for prim in ACTIVATIONS for label, value in (
+            (f"{prim.value} y", OPS[prim].reference_forward(x64, 0.1)),
+            (f"{prim.value} dx", OPS[prim].reference_backward(x64, dy64, 0.1)))}
+    outputs = {f"{prim.value} {which}": array for prim, pair in outs.items() for which, array in zip(("y", "dx"), pair)}
+    return Case(record, outputs, expected, 0, 10 * n * len(ACTIVATIONS))   # fp16: x, y; x, dy, dx
 
 
 def dropout_case(mem, rng, n):
@@ -234,7 +254,7 @@ def elementwise_case(mem, rng, n):
     dropped, zeroed = mem.output((n, 16), np.float16), mem.constant(hdy)
 
     def record(t):
-        _elementwise.activation_backward(t, _elementwise.HARDSWISH, x, dy, dx, 0.1, False)
+        _elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, 0.1, False)
         _elementwise.add_forward(t, x, dy, added)
         _elementwise.accumulate_into(t, acc, x, True)
         _elementwise.channel_pad_forward(t, x, padded)
@@ -244,7 +264,7 @@ def elementwise_case(mem, rng, n):
 
     def expected():
         x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
-        return {"dx": (ref.activation_backward(_elementwise.HARDSWISH, x64, dy64, 0.1), "fp16"),
+        return {"dx": (ref.hardswish_grad(x64, dy64, 0.1), "fp16"),
                 "add": (x64 + dy64, "fp16"), "accumulate": (x64 + dy64, "fp16"),
                 "pad": (ref.channel_pad_forward(hx, 24), "exact"), "unpad": (hx, "exact"),
                 "dropout dx": (ref.dropout_backward(hm, dy64, 0.2), "fp16"), "zero": (np.zeros_like(hdy), "exact")}
@@ -331,7 +351,8 @@ def table(batch):
         for kernels in GEMM_KERNELS:
             rows[f"linear 512-1000 {direction} {kernels}"] = lambda mem, rng, d=direction, kn=kernels: linear_case(
                 mem, rng, batch, 512, 1000, d, kn)
-    rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, _elementwise.GELU)
+    rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, Prim.GELU)
+    rows["activations"] = lambda mem, rng: activations_case(mem, rng, batch * 1024)
     rows["dropout"] = lambda mem, rng: dropout_case(mem, rng, batch * 4096)
     rows["maxpool 3-2-1"] = lambda mem, rng: maxpool_case(mem, rng, batch, 32, 64)
     rows["gap 8x8x512"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 512)

@@ -6,6 +6,7 @@ from numba import cuda
 from cuda_kernels import _elementwise, _optim
 from cuda_kernels._graph import StepRunner, synchronize
 from cuda_kernels._tape import LaunchTape
+from planner.ops import Prim
 
 from ._gpu_kernel_cases import DeviceMemory
 
@@ -124,7 +125,7 @@ def graph_case(mem):
     def record(t):
         for _ in range(50):
             _elementwise.dropout_forward(t, x, y, mask, 0.5, 5, iteration)
-            _elementwise.activation_forward(t, _elementwise.SILU, y, y)
+            _elementwise.activation_forward(t, Prim.SILU, y, y)
         _optim.check_overflow(t, g, flag)
         _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 0.0, True)
         _optim.update_loss_scale(t, flag, scale, tracker)

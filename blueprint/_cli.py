@@ -27,7 +27,7 @@ from blueprint._train_command import add_train_command
 from planner import ExpandError, build_kind
 from planner.plan import CompiledPlan
 from planner.memory import lifetimes
-from planner.registry import ShapeError
+from planner.ops import ShapeError
 from planner.verify import PlanError
 
 EXIT_USER_ERROR = 2

@@ -6,7 +6,9 @@ normalised (``(pixel / divisor - mean) / std``; the values are in the model's me
 state dict (conv OIHW, fc features in C, H, W order), so the graph is the one a torchvision
 export would give. Opset 17; the batch axis is dynamic unless a batch size is given.
 
-One row per primitive kind in `NODES`; a kind without a row is refused naming it.
+The exporter is a path like the executors: it registers one node builder per primitive kind in its
+kernel table (`ONNX`, direction "forward"); `build_onnx` checks the plan against it first, so a kind
+without a builder is refused naming it and this file.
 """
 from __future__ import annotations
 
@@ -16,12 +18,18 @@ from pathlib import Path
 
 import numpy as np
 
+from planner.kernel_table import KernelTable
+from planner.ops import Prim
 from planner.plan import Role
 
 OPSET = 17
 IR_VERSION = 8          # the IR version of opset 17: readable by every runtime that runs opset 17
 INPUT, OUTPUT = "input", "logits"
 BATCH_AXIS = "batch"
+
+
+ONNX = KernelTable("onnx", lambda prim: "blueprint/_onnx.py", directions=("forward", "loss"))
+ONNX.not_on_path(Prim.SOFTMAX_CE, "loss", "the exported graph ends at the logits; the loss is computed by the caller")
 
 
 class _Graph:
@@ -63,12 +71,14 @@ def _window(layer) -> dict:
     return {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4}
 
 
+@ONNX.implements(Prim.CONV, "forward")
 def _conv(g, layer, op, out):
     window = _window(layer)
     return g.node("Conv", [g.input(op), g.param(op, Role.WEIGHT)], out, group=layer.param("groups"),
                   dilations=[1, 1], **window)
 
 
+@ONNX.implements((Prim.BN2D, Prim.BN1D), "forward")
 def _bn(g, layer, op, out):
     params = [g.param(op, role) for role in (Role.WEIGHT, Role.BIAS, Role.RUNNING_MEAN, Role.RUNNING_VAR)]
     return g.node("BatchNormalization", [g.input(op)] + params, out, epsilon=float(layer.param("eps")))
@@ -78,18 +88,22 @@ def _simple(kind):
     return lambda g, layer, op, out: g.node(kind, [g.input(op)], out)
 
 
+@ONNX.implements(Prim.RELU6, "forward")
 def _relu6(g, layer, op, out):
     return g.node("Clip", [g.input(op), g.constant(out + ".min", 0.0), g.constant(out + ".max", 6.0)], out)
 
 
+@ONNX.implements(Prim.LEAKY_RELU, "forward")
 def _leaky_relu(g, layer, op, out):
     return g.node("LeakyRelu", [g.input(op)], out, alpha=float(layer.param("slope")))
 
 
+@ONNX.implements(Prim.SILU, "forward")
 def _silu(g, layer, op, out):
     return g.node("Mul", [g.input(op), g.node("Sigmoid", [g.input(op)], out + ".sigmoid")], out)
 
 
+@ONNX.implements(Prim.GELU, "forward")
 def _gelu(g, layer, op, out):
     """0.5 x (1 + erf(x / sqrt 2)), the exact GELU (ONNX's Gelu op needs opset 20)."""
     x = g.input(op)
@@ -99,28 +113,34 @@ def _gelu(g, layer, op, out):
     return g.node("Mul", [half_x, g.node("Add", [erf, g.constant(out + ".one", 1.0)], out + ".cdf2")], out)
 
 
+@ONNX.implements(Prim.FC, "forward")
 def _fc(g, layer, op, out):
     bias = [g.param(op, Role.BIAS)] if op.read(Role.BIAS) is not None else []
     inputs = [g.input(op), g.param(op, Role.WEIGHT)] + bias
     return g.node("Gemm", inputs, out, transB=1)
 
 
+@ONNX.implements(Prim.FLATTEN, "forward")
 def _flatten(g, layer, op, out):
     return g.node("Flatten", [g.input(op)], out, axis=1)
 
 
+@ONNX.implements(Prim.MAXPOOL, "forward")
 def _maxpool(g, layer, op, out):
     return g.node("MaxPool", [g.input(op)], out, **_window(layer))
 
 
+@ONNX.implements(Prim.AVGPOOL, "forward")
 def _avgpool(g, layer, op, out):
     return g.node("AveragePool", [g.input(op)], out, count_include_pad=1, **_window(layer))
 
 
+@ONNX.implements(Prim.GAP, "forward")
 def _gap(g, layer, op, out):
     return g.node("Flatten", [g.node("GlobalAveragePool", [g.input(op)], out + ".pooled")], out, axis=1)
 
 
+@ONNX.implements(Prim.CHANNEL_PAD, "forward")
 def _channel_pad(g, layer, op, out):
     from onnx import numpy_helper
     shape = g.plan.tensor(op.read(Role.X)).shape              # the plan's NHWC (or (N, F)) shape
@@ -130,15 +150,14 @@ def _channel_pad(g, layer, op, out):
     return g.node("Pad", [g.input(op), out + ".pads"], out)
 
 
+@ONNX.implements(Prim.ADD, "forward")
 def _add(g, layer, op, out):
     return g.node("Add", [g.input(op, Role.A), g.input(op, Role.B)], out)
 
 
-NODES = {"conv": _conv, "bn2d": _bn, "bn1d": _bn, "relu": _simple("Relu"), "relu6": _relu6,
-         "leaky_relu": _leaky_relu, "sigmoid": _simple("Sigmoid"), "tanh": _simple("Tanh"), "silu": _silu,
-         "hardswish": _simple("HardSwish"), "gelu": _gelu, "dropout": _simple("Identity"),
-         "identity": _simple("Identity"), "flatten": _flatten, "fc": _fc, "maxpool": _maxpool,
-         "avgpool": _avgpool, "gap": _gap, "channel_pad": _channel_pad, "add": _add}
+for _prim, _node in ((Prim.RELU, "Relu"), (Prim.SIGMOID, "Sigmoid"), (Prim.TANH, "Tanh"),
+                     (Prim.HARDSWISH, "HardSwish"), (Prim.DROPOUT, "Identity")):   # one ONNX node of the same name
+    ONNX.register(_prim, "forward", _simple(_node))
 
 
 def build_onnx(model, batch: int | None = None):
@@ -151,15 +170,13 @@ def build_onnx(model, batch: int | None = None):
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ValueError(f"export_onnx(batch=...): expected a positive int or None (dynamic), got {batch!r}")
     plan = model.eval_plan(1)
+    ONNX.check_plan(plan, ("forward",))   # the loss op is not exported (see ONNX.not_on_path above)
     g = _Graph(plan, model.state_dict())
     for op in plan.graphs["eval"].ops:
         if op.direction != "forward":
             continue
         layer = plan.arch.layers[op.layer]
-        if layer.kind not in NODES:
-            raise NotImplementedError(f"ONNX export has no node for layer kind {layer.kind!r} ({layer.path}); add "
-                                      "a row to blueprint/_onnx.py NODES")
-        g.output(op, NODES[layer.kind](g, layer, op, f"{layer.name}.{op.index}"))
+        g.output(op, ONNX.lookup(layer.kind, "forward", layer.path)(g, layer, op, f"{layer.name}.{op.index}"))
     logits = plan.io["logits"]
     if logits not in g.names:
         raise NotImplementedError(f"ONNX export: the eval schedule never writes the logits tensor {logits}")

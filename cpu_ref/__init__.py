@@ -1,6 +1,6 @@
 """The CPU reference path: numba kernels (fp32, NHWC) and the arena executor.
 
-`cpu_ref.reference` (plain numpy) is the spec every kernel is tested against;
+`planner.reference` (plain numpy) is the spec every kernel is tested against;
 `cpu_ref.kernels` holds the numba kernels the executors call (docs/kernel-contract.md).
 """
 import os

@@ -1,20 +1,27 @@
 """Pointwise activations on flat views, forward and backward side by side.
 
-The backward reads ``saved``: the *output* for the codes in ``ACTIVATION_SAVES_OUTPUT``
-(their derivative is a function of it, so the input need not be kept), the *input*
-otherwise. GELU is the exact erf form (PyTorch's default). Each activation is a pair of
-scalar functions, ``f(x, alpha)`` and ``grad(saved, dy, alpha) -> dx``; the kernels
-apply one over a span in a loop of its own, so that the loop vectorises.
+The backward reads ``saved``: what the activation's op-table row saves, the *output* where the
+derivative is a function of it (relu, relu6, sigmoid, tanh), the *input* otherwise. GELU is
+the exact erf form (PyTorch's default). Each activation is a pair of scalar functions,
+``f(x, alpha)`` and ``grad(saved, dy, alpha) -> dx``, registered with ``pointwise``, which
+generates its kernels: one loop over a span each, so that the loop vectorises.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
 from cpu_ref._misc import flat, partition, run_split
+from planner.ops import OPS, Prim
 
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
-ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
+
+class _Pointwise(NamedTuple):
+    forward: tuple     # (span kernel, parallel kernel), as run_split takes them
+    backward: tuple
+
+
+ACTIVATION_KERNELS: dict[Prim, _Pointwise] = {}   # filled by pointwise(), one entry per activation
 
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
@@ -109,87 +116,64 @@ def _gelu_grad(x, g, alpha):
     return np.float32(g * (cdf + x * _INV_SQRT_2PI * math.exp(-0.5 * x * x)))
 
 
-@njit(cache=True)
-def _forward_span(code, x, y, alpha, t, nparts):
-    lo, hi = partition(x.size, t, nparts)
-    x, y = x[lo:hi], y[lo:hi]
-    n = x.size
-    if code == RELU:
-        for i in range(n):
-            y[i] = _relu(x[i], alpha)
-    elif code == RELU6:
-        for i in range(n):
-            y[i] = _relu6(x[i], alpha)
-    elif code == LEAKY_RELU:
-        for i in range(n):
-            y[i] = _leaky_relu(x[i], alpha)
-    elif code == SIGMOID:
-        for i in range(n):
-            y[i] = _sigmoid(x[i], alpha)
-    elif code == TANH:
-        for i in range(n):
-            y[i] = _tanh(x[i], alpha)
-    elif code == SILU:
-        for i in range(n):
-            y[i] = _silu(x[i], alpha)
-    elif code == HARDSWISH:
-        for i in range(n):
-            y[i] = _hardswish(x[i], alpha)
-    else:
-        for i in range(n):
-            y[i] = _gelu(x[i], alpha)
+def pointwise(prim: Prim, f, grad) -> None:
+    """Register the activation ``prim`` (a row of the op table): its forward and backward kernels are
+    generated from the scalar pair, one loop each, so no code chooses among activations at run time."""
+    if not OPS[prim].activation:
+        raise ValueError(f"pointwise({prim!r}): the op table row is not an activation (planner/ops.py)")
+
+    @njit(cache=True)
+    def forward_span(x, y, alpha, t, nparts):
+        lo, hi = partition(x.size, t, nparts)
+        x, y = x[lo:hi], y[lo:hi]
+        for i in range(x.size):
+            y[i] = f(x[i], alpha)
+
+    @njit(cache=True)
+    def backward_span(s, dy, dx, alpha, accumulate, t, nparts):
+        lo, hi = partition(dy.size, t, nparts)
+        s, dy, dx = s[lo:hi], dy[lo:hi], dx[lo:hi]
+        for i in range(dy.size):
+            dx[i] = grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+
+    @njit(cache=True, parallel=True)
+    def forward_parallel(x, y, alpha, nparts):
+        for t in prange(nparts):
+            forward_span(x, y, alpha, t, nparts)
+
+    @njit(cache=True, parallel=True)
+    def backward_parallel(s, dy, dx, alpha, accumulate, nparts):
+        for t in prange(nparts):
+            backward_span(s, dy, dx, alpha, accumulate, t, nparts)
+
+    ACTIVATION_KERNELS[prim] = _Pointwise((forward_span, forward_parallel), (backward_span, backward_parallel))
 
 
-@njit(cache=True)
-def _backward_span(code, s, dy, dx, alpha, accumulate, t, nparts):
-    lo, hi = partition(dy.size, t, nparts)
-    s, dy, dx = s[lo:hi], dy[lo:hi], dx[lo:hi]
-    n = dy.size
-    if code == RELU:
-        for i in range(n):
-            dx[i] = _relu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == RELU6:
-        for i in range(n):
-            dx[i] = _relu6_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == LEAKY_RELU:
-        for i in range(n):
-            dx[i] = _leaky_relu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == SIGMOID:
-        for i in range(n):
-            dx[i] = _sigmoid_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == TANH:
-        for i in range(n):
-            dx[i] = _tanh_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == SILU:
-        for i in range(n):
-            dx[i] = _silu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    elif code == HARDSWISH:
-        for i in range(n):
-            dx[i] = _hardswish_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
-    else:
-        for i in range(n):
-            dx[i] = _gelu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+pointwise(Prim.RELU, _relu, _relu_grad)
+pointwise(Prim.RELU6, _relu6, _relu6_grad)
+pointwise(Prim.LEAKY_RELU, _leaky_relu, _leaky_relu_grad)
+pointwise(Prim.SIGMOID, _sigmoid, _sigmoid_grad)
+pointwise(Prim.TANH, _tanh, _tanh_grad)
+pointwise(Prim.SILU, _silu, _silu_grad)
+pointwise(Prim.HARDSWISH, _hardswish, _hardswish_grad)
+pointwise(Prim.GELU, _gelu, _gelu_grad)
 
 
-@njit(cache=True, parallel=True)
-def _forward_parallel(code, x, y, alpha, nparts):
-    for t in prange(nparts):
-        _forward_span(code, x, y, alpha, t, nparts)
+def _kernels(prim):
+    kernels = ACTIVATION_KERNELS.get(prim)
+    if kernels is None:
+        raise ValueError(f"activation kernel: expected one of {[p.value for p in ACTIVATION_KERNELS]}, got {prim!r}; "
+                         f"a new activation registers its scalar pair with pointwise(...) in cpu_ref/_activation.py")
+    return kernels
 
 
-@njit(cache=True, parallel=True)
-def _backward_parallel(code, saved, dy, dx, alpha, accumulate, nparts):
-    for t in prange(nparts):
-        _backward_span(code, saved, dy, dx, alpha, accumulate, t, nparts)
+def activation_forward(prim, x, y, alpha):
+    """``y = act(x)`` for the activation ``prim``; ``alpha`` is the leaky_relu slope (ignored otherwise)."""
+    run_split(*_kernels(prim).forward, x.size, flat(x), flat(y), np.float32(alpha))
 
 
-def activation_forward(code, x, y, alpha):
-    """``y = act(x)``; ``alpha`` is the leaky_relu slope (ignored otherwise)."""
-    run_split(_forward_span, _forward_parallel, x.size, code, flat(x), flat(y), np.float32(alpha))
-
-
-def activation_backward(code, saved, dy, dx, alpha, accumulate):
+def activation_backward(prim, saved, dy, dx, alpha, accumulate):
+    """``saved`` is what the op table's row saves: the output or the input."""
     if dx is None:
         return
-    run_split(_backward_span, _backward_parallel, dy.size, code, flat(saved), flat(dy), flat(dx), np.float32(alpha),
-              accumulate)
+    run_split(*_kernels(prim).backward, dy.size, flat(saved), flat(dy), flat(dx), np.float32(alpha), accumulate)

@@ -15,9 +15,10 @@ from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
 from planner.executor_api import ExecutorBase, FinishedStep, InputError, dropout_seed, step_result
 from planner.init import initial_parameters
+from planner.ops import Prim
 from planner.plan import Role
-from planner.registry import ACTIVATION_CODE
 
+from cpu_ref._table import CPU
 
 
 
@@ -38,6 +39,7 @@ class CpuExecutor(ExecutorBase):
         if plan.arch.fuse or plan.arch.amp:
             raise ValueError("CpuExecutor runs fp32 unfused plans: build the ArchPlan with fuse=False, amp=False "
                              "(fused fp16 plans run on CudaExecutor)")
+        CPU.check_plan(plan)
         super().__init__(plan, loss, optimizer, seed)
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
@@ -102,24 +104,8 @@ class CpuExecutor(ExecutorBase):
     def _run(self, op, views, variant):
         if op.direction == "optimizer":
             return self._optimizer_update(views)
-        if op.direction == "loss":
-            return self._loss(op, views)
         layer = self.plan.arch.layers[op.layer]
-        handler = (_FORWARD if op.direction == "forward" else _BACKWARD).get(layer.kind)
-        if handler is None:
-            raise NotImplementedError(f"CpuExecutor has no {op.direction} kernel for layer kind {layer.kind!r} "
-                                      f"({layer.path})")
-        handler(self, layer, op, views)
-
-    def _loss(self, op, views):
-        io = self.plan.io
-        logits = views[op.read("logits")]
-        labels = views[op.read("labels")]
-        dlogits_tid = op.written("dlogits")
-        dlogits = views[dlogits_tid] if dlogits_tid is not None else None
-        loss = K.softmax_cross_entropy(logits, labels, self.loss.smoothing, dlogits, 1.0)
-        views[io["loss"]][()] = loss
-        views[io["correct"]][()] = int((np.argmax(logits, axis=1) == labels).sum())
+        CPU.lookup(layer.kind, op.direction, layer.path)(self, layer, op, views)
 
     def _optimizer_update(self, views):
         opt = self.optimizer
@@ -144,7 +130,20 @@ def _as2d(array):
     return array.reshape(-1, array.shape[-1])
 
 
-# forward handlers: (executor, layer, op, views)
+# handlers, registered in the CPU kernel table: (executor, layer, op, views)
+@CPU.implements(Prim.SOFTMAX_CE, "loss")
+def _loss(ex, layer, op, views):
+    io = ex.plan.io
+    logits = views[op.read("logits")]
+    labels = views[op.read("labels")]
+    dlogits_tid = op.written("dlogits")
+    dlogits = views[dlogits_tid] if dlogits_tid is not None else None
+    loss = K.softmax_cross_entropy(logits, labels, ex.loss.smoothing, dlogits, 1.0)
+    views[io["loss"]][()] = loss
+    views[io["correct"]][()] = int((np.argmax(logits, axis=1) == labels).sum())
+
+
+@CPU.implements(Prim.CONV, "forward")
 def _conv_fwd(ex, layer, op, views):
     K.conv2d_forward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "y", True), layer.param("stride"),
                      layer.param("padding"), layer.param("groups"), _col(op, views))
@@ -155,6 +154,7 @@ def _col(op, views):
     return col if col is not None else np.zeros((0, 0), np.float32)
 
 
+@CPU.implements((Prim.BN2D, Prim.BN1D), "forward")
 def _bn_fwd(ex, layer, op, views):
     x, y = _as2d(_v(op, views, "x")), _as2d(_v(op, views, "y", True))
     gamma, beta = _v(op, views, "weight"), _v(op, views, "bias")
@@ -170,10 +170,11 @@ def _bn_fwd(ex, layer, op, views):
 
 
 def _act_fwd(ex, layer, op, views):
-    K.activation_forward(ACTIVATION_CODE[layer.kind], _v(op, views, "x").reshape(-1),
+    K.activation_forward(layer.kind, _v(op, views, "x").reshape(-1),
                          _v(op, views, "y", True).reshape(-1), float(layer.param("slope", 0.0)))
 
 
+@CPU.implements(Prim.DROPOUT, "forward")
 def _dropout_fwd(ex, layer, op, views):
     x, y = _v(op, views, "x"), _v(op, views, "y", True)
     if op.attr("training") and layer.param("p") > 0:
@@ -186,33 +187,40 @@ def _dropout_fwd(ex, layer, op, views):
             mask[...] = 1
 
 
+@CPU.implements(Prim.FLATTEN, "forward")
 def _flatten_fwd(ex, layer, op, views):
     y = _v(op, views, "y", True)
     y[...] = _v(op, views, "x").reshape(y.shape)
 
 
+@CPU.implements(Prim.FC, "forward")
 def _fc_fwd(ex, layer, op, views):
     K.linear_forward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "bias"), _v(op, views, "y", True))
 
 
+@CPU.implements(Prim.MAXPOOL, "forward")
 def _maxpool_fwd(ex, layer, op, views):
     K.maxpool_forward(_v(op, views, "x"), _v(op, views, "y", True), _v(op, views, "argmax", True),
                       layer.param("kernel"), layer.param("stride"), layer.param("padding"))
 
 
+@CPU.implements(Prim.AVGPOOL, "forward")
 def _avgpool_fwd(ex, layer, op, views):
     K.avgpool_forward(_v(op, views, "x"), _v(op, views, "y", True), layer.param("kernel"), layer.param("stride"),
                       layer.param("padding"))
 
 
+@CPU.implements(Prim.GAP, "forward")
 def _gap_fwd(ex, layer, op, views):
     K.gap_forward(_v(op, views, "x"), _v(op, views, "y", True))
 
 
+@CPU.implements(Prim.CHANNEL_PAD, "forward")
 def _channel_pad_fwd(ex, layer, op, views):
     K.channel_pad_forward(_v(op, views, "x"), _v(op, views, "y", True))
 
 
+@CPU.implements(Prim.ADD, "forward")
 def _add_fwd(ex, layer, op, views):
     K.add_forward(_v(op, views, "a"), _v(op, views, "b"), _v(op, views, "y", True))
 
@@ -224,12 +232,14 @@ def _acc(op, role=Role.DX):
     return operand is not None and operand.accumulate
 
 
+@CPU.implements(Prim.CONV, "backward")
 def _conv_bwd(ex, layer, op, views):
     K.conv2d_backward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "dy"), _v(op, views, "dx", True),
                       _v(op, views, "dweight", True), layer.param("stride"), layer.param("padding"),
                       layer.param("groups"), _col(op, views), _acc(op))
 
 
+@CPU.implements((Prim.BN2D, Prim.BN1D), "backward")
 def _bn_bwd(ex, layer, op, views):
     dx = _v(op, views, "dx", True)
     K.batchnorm_backward(_as2d(_v(op, views, "x")), _v(op, views, "weight"), _v(op, views, "save_mean"),
@@ -239,42 +249,50 @@ def _bn_bwd(ex, layer, op, views):
 
 def _act_bwd(ex, layer, op, views):
     saved = _v(op, views, "y") if _v(op, views, "y") is not None else _v(op, views, "x")
-    K.activation_backward(ACTIVATION_CODE[layer.kind], saved.reshape(-1), _v(op, views, "dy").reshape(-1),
+    K.activation_backward(layer.kind, saved.reshape(-1), _v(op, views, "dy").reshape(-1),
                           _v(op, views, "dx", True).reshape(-1), float(layer.param("slope", 0.0)), _acc(op))
 
 
+@CPU.implements(Prim.DROPOUT, "backward")
 def _dropout_bwd(ex, layer, op, views):
     K.dropout_backward(_v(op, views, "mask").reshape(-1), _v(op, views, "dy").reshape(-1),
                        _v(op, views, "dx", True).reshape(-1), layer.param("p"), _acc(op))
 
 
+@CPU.implements(Prim.FLATTEN, "backward")
 def _flatten_bwd(ex, layer, op, views):
     dx = _v(op, views, "dx", True)
     K.accumulate_into(dx, _v(op, views, "dy").reshape(dx.shape), _acc(op))
 
 
+@CPU.implements(Prim.FC, "backward")
 def _fc_bwd(ex, layer, op, views):
     K.linear_backward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "dy"), _v(op, views, "dx", True),
                       _v(op, views, "dweight", True), _v(op, views, "dbias", True), _acc(op))
 
 
+@CPU.implements(Prim.MAXPOOL, "backward")
 def _maxpool_bwd(ex, layer, op, views):
     K.maxpool_backward(_v(op, views, "argmax"), _v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
 
 
+@CPU.implements(Prim.AVGPOOL, "backward")
 def _avgpool_bwd(ex, layer, op, views):
     K.avgpool_backward(_v(op, views, "dy"), _v(op, views, "dx", True), layer.param("kernel"), layer.param("stride"),
                        layer.param("padding"), _acc(op))
 
 
+@CPU.implements(Prim.GAP, "backward")
 def _gap_bwd(ex, layer, op, views):
     K.gap_backward(_v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
 
 
+@CPU.implements(Prim.CHANNEL_PAD, "backward")
 def _channel_pad_bwd(ex, layer, op, views):
     K.channel_pad_backward(_v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
 
 
+@CPU.implements(Prim.ADD, "backward")
 def _add_bwd(ex, layer, op, views):
     dy = _v(op, views, "dy")
     for role in ("da", "db"):
@@ -283,13 +301,10 @@ def _add_bwd(ex, layer, op, views):
             K.accumulate_into(target, dy, _acc(op, role))
 
 
-_ACTS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
-_FORWARD = {"conv": _conv_fwd, "bn2d": _bn_fwd, "bn1d": _bn_fwd, "dropout": _dropout_fwd, "flatten": _flatten_fwd,
-            "fc": _fc_fwd, "maxpool": _maxpool_fwd, "avgpool": _avgpool_fwd, "gap": _gap_fwd,
-            "channel_pad": _channel_pad_fwd, "add": _add_fwd, **{a: _act_fwd for a in _ACTS}}
-_BACKWARD = {"conv": _conv_bwd, "bn2d": _bn_bwd, "bn1d": _bn_bwd, "dropout": _dropout_bwd, "flatten": _flatten_bwd,
-             "fc": _fc_bwd, "maxpool": _maxpool_bwd, "avgpool": _avgpool_bwd, "gap": _gap_bwd,
-             "channel_pad": _channel_pad_bwd, "add": _add_bwd, **{a: _act_bwd for a in _ACTS}}
+# activations: those with kernels in cpu_ref/_activation.py (a missing one fails CPU.check_plan)
+for _prim in K.ACTIVATION_KERNELS:
+    CPU.register(_prim, "forward", _act_fwd)
+    CPU.register(_prim, "backward", _act_bwd)
 
 
 __all__ = ["CpuExecutor", "InputError"]

@@ -1,10 +1,9 @@
 """Every CPU kernel of docs/kernel-contract.md under its contract name.
 
 Kernels write into the arrays they are given (C-contiguous fp32 views, NHWC) and
-allocate nothing large; ``cpu_ref.reference`` is their spec.
+allocate nothing large; ``planner.reference`` is their spec.
 """
-from cpu_ref._activation import (ACTIVATION_SAVES_OUTPUT, GELU, HARDSWISH, LEAKY_RELU, RELU, RELU6, SIGMOID, SILU,
-                                 TANH, activation_backward, activation_forward)
+from cpu_ref._activation import ACTIVATION_KERNELS, activation_backward, activation_forward
 from cpu_ref._conv import conv2d_backward, conv2d_forward
 from cpu_ref._linear import linear_backward, linear_forward
 from cpu_ref._loss import softmax_cross_entropy
@@ -16,7 +15,7 @@ from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_
                            maxpool_forward)
 
 __all__ = [
-    "RELU", "RELU6", "LEAKY_RELU", "SIGMOID", "TANH", "SILU", "HARDSWISH", "GELU", "ACTIVATION_SAVES_OUTPUT",
+    "ACTIVATION_KERNELS",
     "conv2d_forward", "conv2d_backward",
     "batchnorm_forward_train", "batchnorm_forward_eval", "batchnorm_backward",
     "activation_forward", "activation_backward",

@@ -16,6 +16,8 @@ import math
 import numpy as np
 from numba import cuda
 
+from planner.ops import Prim
+
 from ._elementwise import fill_zero
 from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
@@ -77,7 +79,7 @@ def _normalise(x, i, c, mean, spread, gamma, beta, spread_is_var, eps):
 
 
 # The activation fused into the apply: none, ReLU, or ReLU6 (MobileNetV2's blocks).
-CLAMP = {None: 0, "relu": 1, "relu6": 2}
+CLAMP = {None: 0, Prim.RELU: 1, Prim.RELU6: 2}
 _SIX = np.float32(6.0)
 
 

@@ -5,16 +5,17 @@ loop, computes in fp32 and stores fp16; ``accumulate`` (int32 0/1) chooses betwe
 overwriting ``dx`` and adding into it (the contract's gradient accumulation).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
-from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, flat, grid_1d, kernel, nbt
+from planner.ops import OPS, Prim
+
+from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
 
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
-ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
 _SIX, _THREE, _THIRD = np.float32(6.0), np.float32(3.0), np.float32(1.0 / 3.0)
 _SIXTH, _INV_SQRT2 = np.float32(1.0 / 6.0), np.float32(1.0 / math.sqrt(2.0))
 _INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
@@ -26,74 +27,150 @@ def _sigmoid(v):
 
 
 @cuda.jit(device=True)
-def _activate(code, v, alpha):
-    if code == RELU:
-        return max(v, ZERO)
-    if code == RELU6:
-        return min(max(v, ZERO), _SIX)
-    if code == LEAKY_RELU:
-        return v if v > ZERO else alpha * v
-    if code == SIGMOID:
-        return _sigmoid(v)
-    if code == TANH:
-        return math.tanh(v)
-    if code == SILU:
-        return v * _sigmoid(v)
-    if code == HARDSWISH:
-        return v * min(max(v + _THREE, ZERO), _SIX) * _SIXTH
-    return HALF * v * (ONE + math.erf(v * _INV_SQRT2))  # GELU (exact erf form)
-
-
-@cuda.jit(device=True)
-def _activate_grad(code, s, g, alpha):
-    """d(activation)/dx * g; ``s`` is the output for relu/relu6/sigmoid/tanh, else the input."""
-    if code == RELU:
-        return g if s > ZERO else ZERO
-    if code == RELU6:
-        return g if (s > ZERO and s < _SIX) else ZERO
-    if code == LEAKY_RELU:
-        return g if s > ZERO else alpha * g
-    if code == SIGMOID:
-        return g * s * (ONE - s)
-    if code == TANH:
-        return g * (ONE - s * s)
-    if code == SILU:
-        sig = _sigmoid(s)
-        return g * sig * (ONE + s * (ONE - sig))
-    if code == HARDSWISH:
-        if s < -_THREE:
-            return ZERO
-        return g * (s * _THIRD + HALF) if s <= _THREE else g
-    cdf = HALF * (ONE + math.erf(s * _INV_SQRT2))  # GELU
-    return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
-
-
-@cuda.jit(device=True)
 def _store(dx, i, v, accumulate):
     if accumulate:
         v += f32(dx[i])
     dx[i] = f16(v)
 
 
-@kernel("activation_forward", (H1, H1, I32, F32))
-def _activation_forward(x, y, code, alpha):
-    for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        y[i] = f16(_activate(code, f32(x[i]), alpha))
+# Each activation is a pair of fp32 device functions ``f(v, alpha)`` and ``grad(saved, g, alpha)``
+# (``saved``: what its op-table row saves, the output or the input), registered with ``pointwise``.
+@cuda.jit(device=True)
+def _relu(v, alpha):
+    return max(v, ZERO)
 
 
-@kernel("activation_backward", (H1, H1, H1, I32, F32, I32))
-def _activation_backward(saved, dy, dx, code, alpha, accumulate):
-    for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
-        _store(dx, i, _activate_grad(code, f32(saved[i]), f32(dy[i]), alpha), accumulate)
+@cuda.jit(device=True)
+def _relu_grad(s, g, alpha):
+    return g if s > ZERO else ZERO
 
 
-def activation_forward(launcher, code, x, y, alpha=0.01):
-    launcher.launch(_activation_forward, *grid_1d(x.size), flat(x), flat(y), np.int32(code), np.float32(alpha))
+@cuda.jit(device=True)
+def _relu6(v, alpha):
+    return min(max(v, ZERO), _SIX)
 
 
-def activation_backward(launcher, code, saved, dy, dx, alpha=0.01, accumulate=False):
-    launcher.launch(_activation_backward, *grid_1d(dy.size), flat(saved), flat(dy), flat(dx),
-                    np.int32(code), np.float32(alpha), np.int32(accumulate))
+@cuda.jit(device=True)
+def _relu6_grad(s, g, alpha):
+    return g if (s > ZERO and s < _SIX) else ZERO
+
+
+@cuda.jit(device=True)
+def _leaky_relu(v, alpha):
+    return v if v > ZERO else alpha * v
+
+
+@cuda.jit(device=True)
+def _leaky_relu_grad(s, g, alpha):
+    return g if s > ZERO else alpha * g
+
+
+@cuda.jit(device=True)
+def _sigmoid_act(v, alpha):
+    return _sigmoid(v)
+
+
+@cuda.jit(device=True)
+def _sigmoid_grad(s, g, alpha):
+    return g * s * (ONE - s)
+
+
+@cuda.jit(device=True)
+def _tanh(v, alpha):
+    return math.tanh(v)
+
+
+@cuda.jit(device=True)
+def _tanh_grad(s, g, alpha):
+    return g * (ONE - s * s)
+
+
+@cuda.jit(device=True)
+def _silu(v, alpha):
+    return v * _sigmoid(v)
+
+
+@cuda.jit(device=True)
+def _silu_grad(s, g, alpha):
+    sig = _sigmoid(s)
+    return g * sig * (ONE + s * (ONE - sig))
+
+
+@cuda.jit(device=True)
+def _hardswish(v, alpha):
+    return v * min(max(v + _THREE, ZERO), _SIX) * _SIXTH
+
+
+@cuda.jit(device=True)
+def _hardswish_grad(s, g, alpha):
+    if s < -_THREE:
+        return ZERO
+    return g * (s * _THIRD + HALF) if s <= _THREE else g
+
+
+@cuda.jit(device=True)
+def _gelu(v, alpha):
+    return HALF * v * (ONE + math.erf(v * _INV_SQRT2))   # the exact erf form
+
+
+@cuda.jit(device=True)
+def _gelu_grad(s, g, alpha):
+    cdf = HALF * (ONE + math.erf(s * _INV_SQRT2))
+    return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
+
+
+class _Pointwise(NamedTuple):
+    forward: KernelSpec
+    backward: KernelSpec
+
+
+ACTIVATION_KERNELS: dict[Prim, _Pointwise] = {}   # filled by pointwise(), one entry per activation
+
+
+def pointwise(prim: Prim, f, grad) -> None:
+    """Register the activation ``prim`` (a row of the op table): its two kernels are generated from the
+    device-function pair, rows ``activation_forward.<kind>`` / ``activation_backward.<kind>`` of the
+    kernel table, so no code chooses among activations inside a kernel."""
+    if not OPS[prim].activation:
+        raise ValueError(f"pointwise({prim!r}): the op table row is not an activation (planner/ops.py)")
+
+    def forward(x, y, alpha):
+        for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+            y[i] = f16(f(f32(x[i]), alpha))
+
+    def backward(saved, dy, dx, alpha, accumulate):
+        for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
+            _store(dx, i, grad(f32(saved[i]), f32(dy[i]), alpha), accumulate)
+
+    ACTIVATION_KERNELS[prim] = _Pointwise(kernel(f"activation_forward.{prim.value}", (H1, H1, F32))(forward),
+                                          kernel(f"activation_backward.{prim.value}", (H1, H1, H1, F32, I32))(backward))
+
+
+pointwise(Prim.RELU, _relu, _relu_grad)
+pointwise(Prim.RELU6, _relu6, _relu6_grad)
+pointwise(Prim.LEAKY_RELU, _leaky_relu, _leaky_relu_grad)
+pointwise(Prim.SIGMOID, _sigmoid_act, _sigmoid_grad)
+pointwise(Prim.TANH, _tanh, _tanh_grad)
+pointwise(Prim.SILU, _silu, _silu_grad)
+pointwise(Prim.HARDSWISH, _hardswish, _hardswish_grad)
+pointwise(Prim.GELU, _gelu, _gelu_grad)
+
+
+def _kernels(prim):
+    kernels = ACTIVATION_KERNELS.get(prim)
+    if kernels is None:
+        raise ValueError(f"activation kernel: expected one of {[p.value for p in ACTIVATION_KERNELS]}, got {prim!r}; "
+                         f"a new activation registers its pair with pointwise(...) in cuda_kernels/_elementwise.py")
+    return kernels
+
+
+def activation_forward(launcher, prim, x, y, alpha=0.01):
+    launcher.launch(_kernels(prim).forward, *grid_1d(x.size), flat(x), flat(y), np.float32(alpha))
+
+
+def activation_backward(launcher, prim, saved, dy, dx, alpha=0.01, accumulate=False):
+    launcher.launch(_kernels(prim).backward, *grid_1d(dy.size), flat(saved), flat(dy), flat(dx), np.float32(alpha),
+                    np.int32(accumulate))
 
 
 @kernel("add_forward", (H1, H1, H1))
@@ -141,7 +218,7 @@ def channel_pad_backward(launcher, dy, dx, accumulate):
                     np.int32(tuple(dx.shape)[-1]), np.int32(tuple(dy.shape)[-1]), np.int32(accumulate))
 
 
-# Dropout: splitmix64 as in cpu_ref.reference.dropout_uniform, in uint64 only (bit-exact).
+# Dropout: splitmix64 as in planner.reference.dropout_uniform, in uint64 only (bit-exact).
 _GOLDEN, _MIX1, _MIX2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31, _S11, _U1 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11), np.uint64(1)
 

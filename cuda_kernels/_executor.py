@@ -31,6 +31,7 @@ from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._ops import StepContext, record_op
 from ._optim import INIT_LOSS_SCALE
 from ._registry import SIMULATOR
+from ._table import CUDA
 from ._tape import Immediate, LaunchTape
 from ._transfer import Staging, record_transfers
 
@@ -90,6 +91,7 @@ class CudaExecutor(ExecutorBase):
             raise ValueError(f"CudaExecutor(replay): expected one of {REPLAY_MODES}, got {replay!r}")
         if not (np.isfinite(init_loss_scale) and init_loss_scale > 0):
             raise ValueError(f"CudaExecutor(init_loss_scale): expected a finite number > 0, got {init_loss_scale!r}")
+        CUDA.check_plan(plan)
         super().__init__(plan, loss, optimizer, seed)
         self._separate = separate_buffers
         gemm_kernels(kernels)   # kernels: "mma" (tensor cores, SIMT where they do not apply) or "simt"

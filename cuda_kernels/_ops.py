@@ -14,6 +14,10 @@ fusions of DESIGN.md §5 where its schedule allows them:
   fused apply, only where a backward kernel reads them; then each primitive's backward runs
   in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces.
 
+Each primitive's forward and backward launch is registered against its ``Prim`` in the CUDA kernel
+table (``cuda_kernels._table.CUDA``; activations from ``_elementwise.pointwise``); the chain above only
+decides the fusions, then looks every primitive up there.
+
 Operands are the planner's (``planner.plan.Operand``): unfused ops read ``Role.X``/``A``/``B``,
 ``WEIGHT``, ``SAVE_MEAN``, ...; fused ops name the primitive's ``position`` too
 (``op.read(Role.WEIGHT, 3)``) and the ``value`` of saved / recomputed values and internal
@@ -25,26 +29,19 @@ from collections import Counter
 from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
+from planner.ops import OPS, Prim
 from planner.plan import PARAM_GRADIENT, Role
 
 from . import _batchnorm, _elementwise, _loss, _optim, _pool
-from ._elementwise import ACTIVATION_SAVES_OUTPUT
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
+from ._table import CUDA
 
-BATCHNORM = ("bn2d", "bn1d")
-# what each primitive's backward reads of its forward values: "in" its input(s), "out" its output
-_ACTIVATION_CODES = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
-BACKWARD_READS = {"conv": "in", "fc": "in", "bn2d": "in", "bn1d": "in",
-                  **{k: ("out" if code in ACTIVATION_SAVES_OUTPUT else "in") for code, k in enumerate(_ACTIVATION_CODES)}}
-FUSABLE_ACTIVATIONS = frozenset({"relu", "relu6"})   # what the BN apply can take (``_batchnorm.CLAMP``)
-
-
-def activation_code(kind):
-    return _ACTIVATION_CODES.index(kind)
+BATCHNORM = (Prim.BN2D, Prim.BN1D)
+FUSABLE_ACTIVATIONS = frozenset(kind for kind in _batchnorm.CLAMP if kind is not None)   # what the BN apply takes
 
 
 def input_roles(prim):
-    return (Role.A, Role.B) if prim.kind == "add" else (Role.X,)
+    return (Role.A, Role.B) if prim.kind == Prim.ADD else (Role.X,)
 
 
 def as_2d(a):
@@ -117,34 +114,32 @@ class _Step:
     inputs: list
     out: object        # device view
     sums_ready: bool = False   # BN: the convolution before it accumulated the batch sums
+    bn_sums: tuple | None = None   # conv: (save_mean, save_invstd) of the BN after it, filled in the epilogue
+    residual: object = None        # BN: the residual added in its apply
+    activation: str | None = None  # BN: the activation applied in its apply (a key of _batchnorm.CLAMP)
+    apply_out: object = None       # BN: where the apply writes (the last fused step's output)
 
 
 def _run_chain(launcher, ov, steps, mode, keep):
-    """Launch the primitives of ``steps`` in order. ``mode``: "train" (batch statistics, running
-    stats updated), "eval" (running statistics) or "recompute" (saved batch statistics). A BN
-    output or a sum with one consumer that is not in ``keep`` is fused into the apply."""
+    """Launch the primitives of ``steps`` in order, each through the CUDA kernel table. ``mode``: "train"
+    (batch statistics, running stats updated), "eval" (running statistics) or "recompute" (saved batch
+    statistics). A convolution followed by its BN accumulates the batch sums in its epilogue; a BN output
+    or a sum with one consumer that is not in ``keep`` is fused into the BN apply."""
     i = 0
     while i < len(steps):
         step = steps[i]
         prim, kind = step.prim, step.prim.kind
         following = steps[i + 1] if i + 1 < len(steps) else None
-        if kind == "conv":
-            sums = None
-            if (mode == "train" and following is not None and following.prim.kind in BATCHNORM
-                    and following.prim.inputs[0] == prim.output):
-                at = ov.at(following.position)
-                sums = ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at)
-            ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT, half=True),
-                                       step.out, prim.param("stride"), prim.param("padding"), prim.param("groups"),
-                                       bn_sums=sums)
-            if sums is not None:
-                following.sums_ready = True
-            i += 1
+        last = i
+        if (kind == Prim.CONV and mode == "train" and following is not None and following.prim.kind in BATCHNORM
+                and following.prim.inputs[0] == prim.output):
+            at = ov.at(following.position)
+            step.bn_sums = ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at)
+            following.sums_ready = True
         elif kind in BATCHNORM:
-            i = _batchnorm_chain(launcher, ov, steps, i, mode, keep)
-        else:
-            _forward_primitive(launcher, ov, step, mode)
-            i += 1
+            last = _fuse_into_batchnorm(ov, steps, i, keep)
+        CUDA.lookup(kind, "forward", prim.path)(launcher, ov, step, mode)
+        i = last + 1
 
 
 def _fusible(step, value, keep, ov):
@@ -152,67 +147,106 @@ def _fusible(step, value, keep, ov):
             and ov.ctx.consumers[value] == 1)
 
 
-def _batchnorm_chain(launcher, ov, steps, i, mode, keep):
-    """BN (+ residual add) (+ ReLU / ReLU6) as one apply; returns the index of the next step."""
+def _fuse_into_batchnorm(ov, steps, i, keep):
+    """BN (+ residual add) (+ ReLU / ReLU6) as one apply: fills the BN step's fusion fields and returns
+    the index of the last step it covers."""
     bn = steps[i]
-    value, residual, activation, last = bn.prim.output, None, None, i
+    value, last = bn.prim.output, i
     nxt = steps[last + 1] if last + 1 < len(steps) else None
-    if nxt is not None and nxt.prim.kind == "add" and _fusible(nxt, value, keep, ov):
+    if nxt is not None and nxt.prim.kind == Prim.ADD and _fusible(nxt, value, keep, ov):
         other = nxt.inputs[1] if nxt.prim.inputs[0] == value else nxt.inputs[0]
         if other is not None:
-            residual, value, last = other, nxt.prim.output, last + 1
+            bn.residual, value, last = other, nxt.prim.output, last + 1
             nxt = steps[last + 1] if last + 1 < len(steps) else None
     if nxt is not None and nxt.prim.kind in FUSABLE_ACTIVATIONS and _fusible(nxt, value, keep, ov):
-        activation, last = nxt.prim.kind, last + 1
-    out = steps[last].out
-    x2d, y2d = as_2d(bn.inputs[0]), as_2d(out)
-    at, prim = ov.at(bn.position), bn.prim
-    gamma, beta = ov.param(bn.position, Role.WEIGHT), ov.param(bn.position, Role.BIAS)
-    eps = prim.param("eps")
+        bn.activation, last = nxt.prim.kind, last + 1
+    bn.apply_out = steps[last].out
+    return last
+
+
+# ---- per-primitive forward launches: (launcher, op view, step, mode) ----------------------------------------
+@CUDA.implements(Prim.CONV, "forward")
+def _conv_forward(launcher, ov, step, mode):
+    prim = step.prim
+    ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT, half=True), step.out,
+                               prim.param("stride"), prim.param("padding"), prim.param("groups"), bn_sums=step.bn_sums)
+
+
+@CUDA.implements(BATCHNORM, "forward")
+def _batchnorm_forward(launcher, ov, step, mode):
+    out = step.apply_out if step.apply_out is not None else step.out
+    x2d, y2d = as_2d(step.inputs[0]), as_2d(out)
+    at, prim = ov.at(step.position), step.prim
+    gamma, beta = ov.param(step.position, Role.WEIGHT), ov.param(step.position, Role.BIAS)
+    eps, activation, residual = prim.param("eps"), step.activation, step.residual
     if mode == "train":
         _batchnorm.batchnorm_forward_train(
             launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
-            ov.param(bn.position, Role.RUNNING_MEAN), ov.param(bn.position, Role.RUNNING_VAR), prim.param("momentum"), eps,
-            activation=activation, residual=residual, sums_ready=bn.sums_ready)
+            ov.param(step.position, Role.RUNNING_MEAN), ov.param(step.position, Role.RUNNING_VAR), prim.param("momentum"),
+            eps, activation=activation, residual=residual, sums_ready=step.sums_ready)
     elif mode == "eval":
-        _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(bn.position, Role.RUNNING_MEAN),
-                                          ov.param(bn.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
+        _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
+                                          ov.param(step.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
                                           residual=residual)
     else:
         _batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(Role.SAVE_MEAN, at),
                                          ov.read(Role.SAVE_INVSTD, at), eps, y2d, activation=activation,
                                          residual=residual)
-    return last + 1
 
 
-def _forward_primitive(launcher, ov, step, mode):
-    prim, kind, x, y = step.prim, step.prim.kind, step.inputs[0], step.out
-    if kind in _ACTIVATION_CODES:
-        _elementwise.activation_forward(launcher, activation_code(kind), x, y, prim.param("slope", 0.01))
-    elif kind == "add":
-        _elementwise.add_forward(launcher, x, step.inputs[1], y)
-    elif kind == "fc":
-        ov.ctx.gemm.linear_forward(launcher, as_2d(x), ov.param(step.position, Role.WEIGHT, half=True),
-                                   ov.param(step.position, Role.BIAS), y)
-    elif kind == "gap":
-        _pool.gap_forward(launcher, x, y)
-    elif kind == "flatten":
-        _elementwise.accumulate_into(launcher, y, x.reshape(y.shape), False)
-    elif kind == "maxpool":
-        _pool.maxpool_forward(launcher, x, y, ov.written(Role.ARGMAX, ov.at(step.position)), prim.param("kernel"),
-                              prim.param("stride"), prim.param("padding"))
-    elif kind == "avgpool":
-        _pool.avgpool_forward(launcher, x, y, prim.param("kernel"), prim.param("stride"), prim.param("padding"))
-    elif kind == "channel_pad":
-        _elementwise.channel_pad_forward(launcher, x, y)
-    elif kind == "dropout":
-        if mode == "train":   # p = 0 too: the backward reads the mask (all ones then)
-            _elementwise.dropout_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)), prim.param("p"),
-                                         dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
-        else:
-            _elementwise.accumulate_into(launcher, y, x, False)
+def _activation_forward(launcher, ov, step, mode):
+    _elementwise.activation_forward(launcher, step.prim.kind, step.inputs[0], step.out, step.prim.param("slope", 0.01))
+
+
+@CUDA.implements(Prim.ADD, "forward")
+def _add_forward(launcher, ov, step, mode):
+    _elementwise.add_forward(launcher, step.inputs[0], step.inputs[1], step.out)
+
+
+@CUDA.implements(Prim.FC, "forward")
+def _fc_forward(launcher, ov, step, mode):
+    ov.ctx.gemm.linear_forward(launcher, as_2d(step.inputs[0]), ov.param(step.position, Role.WEIGHT, half=True),
+                               ov.param(step.position, Role.BIAS), step.out)
+
+
+@CUDA.implements(Prim.GAP, "forward")
+def _gap_forward(launcher, ov, step, mode):
+    _pool.gap_forward(launcher, step.inputs[0], step.out)
+
+
+@CUDA.implements(Prim.FLATTEN, "forward")
+def _flatten_forward(launcher, ov, step, mode):
+    _elementwise.accumulate_into(launcher, step.out, step.inputs[0].reshape(step.out.shape), False)
+
+
+@CUDA.implements(Prim.MAXPOOL, "forward")
+def _maxpool_forward(launcher, ov, step, mode):
+    prim = step.prim
+    _pool.maxpool_forward(launcher, step.inputs[0], step.out, ov.written(Role.ARGMAX, ov.at(step.position)),
+                          prim.param("kernel"), prim.param("stride"), prim.param("padding"))
+
+
+@CUDA.implements(Prim.AVGPOOL, "forward")
+def _avgpool_forward(launcher, ov, step, mode):
+    prim = step.prim
+    _pool.avgpool_forward(launcher, step.inputs[0], step.out, prim.param("kernel"), prim.param("stride"),
+                          prim.param("padding"))
+
+
+@CUDA.implements(Prim.CHANNEL_PAD, "forward")
+def _channel_pad_forward(launcher, ov, step, mode):
+    _elementwise.channel_pad_forward(launcher, step.inputs[0], step.out)
+
+
+@CUDA.implements(Prim.DROPOUT, "forward")
+def _dropout_forward(launcher, ov, step, mode):
+    x, y = step.inputs[0], step.out
+    if mode == "train":   # p = 0 too: the backward reads the mask (all ones then)
+        _elementwise.dropout_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)),
+                                     step.prim.param("p"), dropout_seed(ov.ctx.seed, step.position),
+                                     ov.ctx.scalars["iteration"])
     else:
-        raise NotImplementedError(f"CudaExecutor has no forward kernel for {kind!r} ({prim.path})")
+        _elementwise.accumulate_into(launcher, y, x, False)
 
 
 def record_forward(launcher, ctx, op):
@@ -234,6 +268,7 @@ def _values_written(ov):
 
 
 # ---- loss and optimizer ----------------------------------------------------------------------------------
+@CUDA.implements(Prim.SOFTMAX_CE, "loss")
 def record_loss(launcher, ctx, op):
     logits, labels = ctx.views[op.read("logits")], ctx.views[op.read("labels")]
     dlogits_tid = op.written("dlogits")
@@ -307,10 +342,10 @@ def _forward_values(ov):
 def _needed_values(ov):
     needed = set()
     for _, prim in ov.prims:
-        reads = BACKWARD_READS.get(prim.kind)
-        if reads == "in":
+        saves = OPS[prim.kind].saves
+        if "input" in saves:
             needed.add(prim.inputs[0])
-        elif reads == "out":
+        if "output" in saves:
             needed.add(prim.output)
     return needed
 
@@ -350,62 +385,104 @@ def record_backward(launcher, ctx, op):
 
 
 def _backward_primitive(launcher, ov, grads, values, position, prim):
-    kind, at = prim.kind, ov.at(position)
-    dy = grads.of_output(prim.output)
+    CUDA.lookup(prim.kind, "backward", prim.path)(launcher, ov, grads, values, position, prim,
+                                                  grads.of_output(prim.output))
 
-    def dparam(role):
-        return ov.written(PARAM_GRADIENT[role], at)
 
-    if kind == "add":
-        for role, value in zip((Role.DA, Role.DB), prim.inputs):
-            target, accumulate = grads.target(value, role)
-            if target is not None:
-                _elementwise.accumulate_into(launcher, target, dy, accumulate)
-        return
+# ---- per-primitive backward launches: (launcher, op view, gradients, forward values, position, primitive, dy) --
+def _dparam(ov, position, role):
+    return ov.written(PARAM_GRADIENT[role], ov.at(position))
+
+
+@CUDA.implements(Prim.ADD, "backward")
+def _add_backward(launcher, ov, grads, values, position, prim, dy):
+    for role, value in zip((Role.DA, Role.DB), prim.inputs):
+        target, accumulate = grads.target(value, role)
+        if target is not None:
+            _elementwise.accumulate_into(launcher, target, dy, accumulate)
+
+
+@CUDA.implements(Prim.CONV, "backward")
+def _conv_backward(launcher, ov, grads, values, position, prim, dy):
     dx, accumulate = grads.target(prim.inputs[0], Role.DX)
-    if kind == "conv":
-        ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT, half=True), dy,
-                                    dx, dparam(Role.WEIGHT), prim.param("stride"), prim.param("padding"),
-                                    prim.param("groups"), accumulate)
-    elif kind == "fc":
-        x = values[prim.inputs[0]]
-        ov.ctx.gemm.linear_backward(launcher, as_2d(x), ov.param(position, Role.WEIGHT, half=True), dy,
-                                    None if dx is None else as_2d(dx), dparam(Role.WEIGHT), dparam(Role.BIAS),
-                                    accumulate)
-    elif kind in BATCHNORM:
-        saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
-        _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
-                                      as_2d(dy), None if dx is None else as_2d(dx), dparam(Role.WEIGHT), dparam(Role.BIAS),
-                                      accumulate)
-    elif dx is None:
-        return
-    elif kind in _ACTIVATION_CODES:
-        saved = values[prim.output if BACKWARD_READS[kind] == "out" else prim.inputs[0]]
-        _elementwise.activation_backward(launcher, activation_code(kind), saved, dy, dx, prim.param("slope", 0.01),
-                                         accumulate)
-    elif kind == "gap":
-        _pool.gap_backward(launcher, dy, dx, accumulate)
-    elif kind == "flatten":
-        _elementwise.accumulate_into(launcher, dx, dy.reshape(dx.shape), accumulate)
-    elif kind == "maxpool":
-        _pool.maxpool_backward(launcher, ov.read(Role.ARGMAX, at), dy, dx, prim.param("kernel"), prim.param("stride"),
-                               prim.param("padding"), accumulate)
-    elif kind == "avgpool":
-        _pool.avgpool_backward(launcher, dy, dx, prim.param("kernel"), prim.param("stride"), prim.param("padding"),
-                               accumulate)
-    elif kind == "channel_pad":
-        _elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
-    elif kind == "dropout":
-        _elementwise.dropout_backward(launcher, ov.read(Role.MASK, at), dy, dx, prim.param("p"), accumulate)
-    else:
-        raise NotImplementedError(f"CudaExecutor has no backward kernel for {kind!r} ({prim.path})")
+    ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT, half=True), dy,
+                                dx, _dparam(ov, position, Role.WEIGHT), prim.param("stride"), prim.param("padding"),
+                                prim.param("groups"), accumulate)
+
+
+@CUDA.implements(Prim.FC, "backward")
+def _fc_backward(launcher, ov, grads, values, position, prim, dy):
+    dx, accumulate = grads.target(prim.inputs[0], Role.DX)
+    ov.ctx.gemm.linear_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT, half=True), dy,
+                                None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
+                                _dparam(ov, position, Role.BIAS), accumulate)
+
+
+@CUDA.implements(BATCHNORM, "backward")
+def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
+    dx, accumulate = grads.target(prim.inputs[0], Role.DX)
+    at = ov.at(position)
+    saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
+    _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
+                                  as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
+                                  _dparam(ov, position, Role.BIAS), accumulate)
+
+
+def _input_only(backward):
+    """A backward with no parameter gradients: nothing to launch when the input needs no gradient."""
+    def launch(launcher, ov, grads, values, position, prim, dy):
+        dx, accumulate = grads.target(prim.inputs[0], Role.DX)
+        if dx is not None:
+            backward(launcher, ov, values, position, prim, dy, dx, accumulate)
+    return launch
+
+
+def _activation_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    saved = values[prim.output if OPS[prim.kind].saves == ("output",) else prim.inputs[0]]
+    _elementwise.activation_backward(launcher, prim.kind, saved, dy, dx, prim.param("slope", 0.01), accumulate)
+
+
+def _gap_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _pool.gap_backward(launcher, dy, dx, accumulate)
+
+
+def _flatten_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _elementwise.accumulate_into(launcher, dx, dy.reshape(dx.shape), accumulate)
+
+
+def _maxpool_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _pool.maxpool_backward(launcher, ov.read(Role.ARGMAX, ov.at(position)), dy, dx, prim.param("kernel"),
+                           prim.param("stride"), prim.param("padding"), accumulate)
+
+
+def _avgpool_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _pool.avgpool_backward(launcher, dy, dx, prim.param("kernel"), prim.param("stride"), prim.param("padding"),
+                           accumulate)
+
+
+def _channel_pad_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
+
+
+def _dropout_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _elementwise.dropout_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
+
+
+for _prim, _backward in ((Prim.GAP, _gap_backward), (Prim.FLATTEN, _flatten_backward),
+                         (Prim.MAXPOOL, _maxpool_backward), (Prim.AVGPOOL, _avgpool_backward),
+                         (Prim.CHANNEL_PAD, _channel_pad_backward), (Prim.DROPOUT, _dropout_backward)):
+    CUDA.register(_prim, "backward", _input_only(_backward))
+# activations: those with kernels in cuda_kernels/_elementwise.py (a missing one fails CUDA.check_plan)
+for _prim in _elementwise.ACTIVATION_KERNELS:
+    CUDA.register(_prim, "forward", _activation_forward)
+    CUDA.register(_prim, "backward", _input_only(_activation_backward))
 
 
 def record_op(launcher, ctx, op):
     if op.direction == "forward":
         record_forward(launcher, ctx, op)
     elif op.direction == "loss":
-        record_loss(launcher, ctx, op)
+        CUDA.lookup(op.kind, "loss", op.name)(launcher, ctx, op)
     elif op.direction == "backward":
         record_backward(launcher, ctx, op)
     else:

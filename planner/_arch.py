@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-NETWORK_INPUT = 0  # value id of the network input; every layer output gets a fresh id
+from planner.ops import PARAMETER_KINDS as _PARAMETER_PRIMS
 
-ACTIVATION_KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
-PARAMETER_KINDS = frozenset({"conv", "bn", "bn2d", "bn1d", "fc"})
+NETWORK_INPUT = 0  # value id of the network input; every layer output gets a fresh id
+# kinds whose layers are named by their parameter prefix; "bn" is BN before resolve_batchnorm_rank
+PARAMETER_KINDS = _PARAMETER_PRIMS | {"bn"}
 # fused kinds (fuse=True); each holds its unfused expansion in `sub`
 FUSED = frozenset({"cbr", "basic_block", "bottleneck", "inv_residual", "gap_fc"})
 

@@ -5,10 +5,10 @@ cimport cython
 ctypedef (Py_ssize_t, Py_ssize_t, int) Flow    # what every walk step returns: value, channels, rank
 
 cdef object SEQ, REPEAT, NAMED, ADD2, BLOCK, MBCONV, CBR, CBRP, GAP_FC
-cdef object IDENTITY, CONV, CONV_DW, GROUP_CONV, BN, LEAKY_RELU, DROPOUT, FLATTEN, FC
+cdef object IDENTITY, CONV, CONV_DW, GROUP_CONV, BN, FLATTEN, FC
 cdef object MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING
 cdef tuple NO_PARAMS
-cdef dict KIND_NAME, ACTIVATIONS, STYLE
+cdef dict KIND_NAME, PRESERVING, STYLE
 
 cdef str _join(str prefix, str name)
 

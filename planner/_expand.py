@@ -14,24 +14,23 @@ and whose walk steps return C tuples `(value, channels, rank)`. Parameter values
 """
 from blueprint._layer import BlockStyle, Kind
 from planner._expand_error import ExpandError
-
-ACTIVATION_NAME = {
-    Kind.RELU: "relu", Kind.RELU6: "relu6", Kind.LEAKY_RELU: "leaky_relu", Kind.SIGMOID: "sigmoid",
-    Kind.TANH: "tanh", Kind.SILU: "silu", Kind.HARDSWISH: "hardswish", Kind.GELU: "gelu",
-}
+from planner.ops import OPS, SHAPE_PRESERVING
 
 # Module globals, not `Kind.X` lookups in the walk: compiled, each is one C pointer compare.
 SEQ, REPEAT, NAMED, ADD2 = Kind.SEQ, Kind.REPEAT, Kind.NAMED, Kind.ADD2
 BLOCK, MBCONV, CBR, CBRP, GAP_FC = Kind.BLOCK, Kind.MBCONV, Kind.CBR, Kind.CBRP, Kind.GAP_FC
 IDENTITY, CONV, CONV_DW, GROUP_CONV, BN = Kind.IDENTITY, Kind.CONV, Kind.CONV_DW, Kind.GROUP_CONV, Kind.BN
-LEAKY_RELU, DROPOUT, FLATTEN, FC = Kind.LEAKY_RELU, Kind.DROPOUT, Kind.FLATTEN, Kind.FC
+FLATTEN, FC = Kind.FLATTEN, Kind.FC
 MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING = Kind.MAXPOOL, Kind.AVGPOOL, Kind.GAP, Kind.CHANNEL_PADDING
 NO_PARAMS = ()
 
 # An enum member's `.value`, `__hash__` and BlockStyle's properties are Python-level calls; the
 # walker looks them up by member identity in tables made once here instead.
 KIND_NAME = {id(k): k.value for k in Kind}
-ACTIVATIONS = {id(k): name for k, name in ACTIVATION_NAME.items()}
+# A DSL leaf named like a shape-preserving row of the op table (the activations, dropout, ...) expands
+# to that primitive, generically: its params are the row's `attrs`, read off the DSL's parameter record
+# by field name; channels and rank pass through.
+PRESERVING = {id(k): (k.value, OPS[k.value].attrs) for k in Kind if k.value in SHAPE_PRESERVING}
 STYLE = {id(s): (s.stride, s.bottleneck) for s in BlockStyle}
 
 
@@ -156,12 +155,11 @@ class _Walker:
                              group, group_kind)
         if kind is BN:
             return self.bn(p.momentum, p.eps, value, ch, rank, prefix, path, group, group_kind)
-        name = ACTIVATIONS.get(id(kind))
-        if name is not None:
-            params = (("slope", p.slope),) if kind is LEAKY_RELU else NO_PARAMS
+        rule = PRESERVING.get(id(kind))
+        if rule is not None:
+            name, attrs = rule
+            params = tuple([(attr, getattr(p, attr)) for attr in attrs]) if attrs else NO_PARAMS
             return self.act(name, params, value, ch, rank, prefix, path, group, group_kind)
-        if kind is DROPOUT:
-            return self.emit("dropout", (("p", p.p),), (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
         if kind is FLATTEN:
             out_ch = ch if rank == 2 else -1
             return self.emit("flatten", NO_PARAMS, (value,), ch, out_ch, 2, prefix, path, group, group_kind), out_ch, 2

@@ -26,7 +26,7 @@ import numpy as np
 from planner._arch import NETWORK_INPUT, ArchPlan
 from planner.memory import plan_memory
 from planner.plan import CompiledPlan, Shape, VariantPlan
-from planner.registry import REGISTRY, ParamRule, ShapeError
+from planner.ops import OPS, ParamRule, ShapeError
 from planner.schedule import build_graph, persistent_tensors, primitive_list, setting_for
 
 
@@ -36,7 +36,7 @@ def infer_shapes(arch: ArchPlan, variants: dict[str, Shape]) -> tuple[dict[str, 
     value_shapes: dict[str, dict[int, Shape]] = {}
     param_shapes: dict[int, list[tuple[ParamRule, Shape]]] = {}
     seen_in: dict[int, tuple[str, Shape]] = {}
-    prims = [(REGISTRY[prim.kind], prim) for _, prim in primitive_list(arch)]
+    prims = [(OPS[prim.kind], prim) for _, prim in primitive_list(arch)]
     for variant, shape in variants.items():
         shape = tuple(shape)
         if len(shape) != 4 or any(not isinstance(d, (int, np.integer)) or d < 1 for d in shape):
@@ -126,7 +126,7 @@ class Compiler:
             shapes = value_shapes[next(iter(variants))]
             ins = [shapes[v] for v in prim.inputs]
             out = shapes[prim.output]
-            macs[position] = REGISTRY[prim.kind].macs(prim, [(1,) + shape[1:] for shape in ins], (1,) + out[1:] if out else out)
+            macs[position] = OPS[prim.kind].macs(prim, [(1,) + shape[1:] for shape in ins], (1,) + out[1:] if out else out)
         return CompiledPlan(arch, tuple(p for _, p in s.prims), variant_plans, value_shapes, graphs,
                             tuple(tensors), persistent.params, memory, dict(persistent.io), macs, act_dtype,
                             training, optimizer_state_slots if training else 0)

@@ -29,7 +29,7 @@ from planner.plan import (
     DTYPE_BYTES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
     TensorSpec, role_named,
 )
-from planner.registry import KINDS_WITH_EXTRAS, REGISTRY, ShapeError
+from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
 
 SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
            ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"),
@@ -190,7 +190,7 @@ def saved_values(s: Setting) -> frozenset[int]:
         if layer.kind in FUSED:
             saved |= fused_saved_values(layer)
             continue
-        rule = REGISTRY[layer.kind]
+        rule = OPS[layer.kind]
         if "input" in rule.saves:
             saved |= set(layer.inputs)
         if "output" in rule.saves:
@@ -219,7 +219,7 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
     for position, (_, prim) in enumerate(s.prims):
         if prim.kind not in KINDS_WITH_EXTRAS:
             continue
-        extras = REGISTRY[prim.kind].extras
+        extras = OPS[prim.kind].extras
         per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
         if per_variant[0]:
             extras_of[position] = tuple((extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
@@ -231,7 +231,7 @@ def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
                    phase: str) -> list[tuple[Role, int, bool]]:
     """(role, tensor, saved) of the extras a primitive's `phase` ("f" forward, "b" backward) writes."""
     out = []
-    eval_workspaces = graph == "eval" and not REGISTRY[prim.kind].train_only_extras
+    eval_workspaces = graph == "eval" and not OPS[prim.kind].train_only_extras
     for extra, variant_shapes in extras:
         saved, phases = extra.saved, extra.phases
         if saved and graph == "eval":   # nothing reads it back; the forward kernel may still need room for it
@@ -381,7 +381,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
 
 def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, position, reads, writes) -> None:
     prim = s.prims[position][1]
-    saves = REGISTRY[prim.kind].saves
+    saves = OPS[prim.kind].saves
     if "input" in saves:
         reads.append(Operand(Role.X, values.tensor_of[prim.inputs[0]]))
     if "output" in saves:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Self
 
 import numpy as np
 
@@ -16,9 +16,6 @@ from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, Cro
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._fit_loop import EpochRecord
 from blueprint.task._position import Position, check_resumable
-
-if TYPE_CHECKING:
-    from blueprint.task._task import DeepLearningTask
 
 CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
 
@@ -70,7 +67,7 @@ class SaveResume:
         model = Model(self.blueprint_value, self._input_spec(), seed=self.seed_value)
         return model.load_state_dict(self._session[0].executor.state_dict())
 
-    def resume(self, path) -> "DeepLearningTask":
+    def resume(self, path) -> Self:
         """Load a checkpoint into this task's session; `fit()` then continues where it stopped (at the
         next batch, for an interrupt checkpoint). Everything is checked before anything is loaded: a
         checkpoint of another model, loss, optimizer kind, scheduler, batch size, input shape or seed
@@ -120,16 +117,15 @@ class SaveResume:
                  "seed": f"use --seed {recorded['seed']} (or .seed({recorded['seed']}))"}
         check_resumable(path, recorded, current, fixes)
 
-    @staticmethod
-    def load(path) -> "DeepLearningTask":
+    @classmethod
+    def load(cls, path) -> Self:
         """A task rebuilt from a checkpoint (model, loss, optimizer, scheduler, epochs, seed, batch size);
         attach data with `.data(...)`, then `.resume(path)` to restore the weights."""
         _, state = load_checkpoint(path)
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ConfigError(f"{path}: not a DeepLearningTask checkpoint (format {state.get('format')!r})")
         # parsed, never evaluated: a checkpoint cannot run code
-        from blueprint.task._task import DeepLearningTask
-        return (DeepLearningTask().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
+        return (cls().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
                 .loss(parse_as(state.get("loss"), f"{path}: loss", (CrossEntropyLoss,)))
                 .optimizer(parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW)))
                 .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler",

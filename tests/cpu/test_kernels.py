@@ -17,7 +17,8 @@ import pytest
 
 from cpu_ref import _misc
 from cpu_ref import kernels as K
-from cpu_ref import reference as R
+from planner import ops
+from planner import reference as R
 
 F32 = np.float32
 
@@ -125,23 +126,25 @@ def batchnorm_eval(m, c, eps=1e-5):
                 makers={"rv": _positive})
 
 
-def activation(code, n=47, alpha=0.1):
-    saved = "y" if code in K.ACTIVATION_SAVES_OUTPUT else "x"
+def activation(kind, n=47, alpha=0.1):
+    """Any activation of the op table: its row's reference pair is the spec of the kernels."""
+    row = ops.OPS[kind]
+    saved = "y" if row.saves == ("output",) else "x"
 
     def kf(t):
         y = np.full(n, np.nan, F32)
-        K.activation_forward(code, t["x"], y, alpha)
+        K.activation_forward(kind, t["x"], y, alpha)
         return (y,)
 
     def rb(t, dy):
-        s = R.activation_forward(code, t["x"], alpha) if saved == "y" else t["x"]
-        return {"x": R.activation_backward(code, s, dy, alpha)}
+        s = row.reference_forward(t["x"], alpha) if saved == "y" else t["x"]
+        return {"x": row.reference_backward(s, dy, alpha)}
 
     def kb(t, dy, grads, acc):
         s = kf(t)[0] if saved == "y" else t["x"]
-        K.activation_backward(code, s, dy, grads["x"], alpha, acc)
+        K.activation_backward(kind, s, dy, grads["x"], alpha, acc)
 
-    return Prim(f"act{code}_saves_{saved}", {"x": (n,)}, lambda t: (R.activation_forward(code, t["x"], alpha),),
+    return Prim(f"{kind.value}_saves_{saved}", {"x": (n,)}, lambda t: (row.reference_forward(t["x"], alpha),),
                 kf, rb, kb, ("x",), makers={"x": _spread})
 
 
@@ -282,7 +285,7 @@ PRIMITIVES = [
     batchnorm_train(24, 5),
     batchnorm_train(6, 3),
     batchnorm_eval(12, 4),
-    *[activation(code) for code in range(8)],
+    *[activation(kind) for kind in ops.ACTIVATIONS],   # every activation of the op table
     maxpool(2, 7, 6, 3, 3, 2, 1),
     maxpool(2, 6, 6, 2, 2, 2, 0),
     avgpool(2, 7, 6, 3, 3, 2, 1),

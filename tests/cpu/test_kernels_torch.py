@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from cpu_ref import kernels as K
-from cpu_ref import reference as R
+from planner import ops
+from planner import reference as R
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 F = torch.nn.functional
@@ -80,19 +81,24 @@ def batchnorm_eval(m, c, eps=1e-5):
                   theirs, (), {"rv": lambda rng, shape: rng.uniform(0.5, 2.0, shape)})
 
 
-TORCH_ACTIVATIONS = {
-    K.RELU: F.relu, K.RELU6: F.relu6, K.LEAKY_RELU: lambda x: F.leaky_relu(x, 0.1), K.SIGMOID: torch.sigmoid,
-    K.TANH: torch.tanh, K.SILU: F.silu, K.HARDSWISH: F.hardswish, K.GELU: F.gelu,
-}
+def torch_activation(kind, alpha):
+    """PyTorch's twin of an op-table activation: ``torch.nn.functional.<kind>``, with the row's one scalar
+    parameter (leaky_relu's slope) as its second argument. A new activation whose name differs from
+    PyTorch's needs a mapping here."""
+    fn = getattr(F, kind.value)
+    return (lambda x: fn(x, alpha)) if ops.OPS[kind].attrs else fn
 
 
-def activation(code, n=60):
+def activation(kind, n=60, alpha=0.1):
+    row = ops.OPS[kind]
+
     def ours_grad(t, dy):
-        y = R.activation_forward(code, t["x"], 0.1)
-        return {"x": R.activation_backward(code, y if code in K.ACTIVATION_SAVES_OUTPUT else t["x"], dy, 0.1)}
+        y = row.reference_forward(t["x"], alpha)
+        return {"x": row.reference_backward(y if row.saves == ("output",) else t["x"], dy, alpha)}
 
-    return Parity(f"act{code}", {"x": (n,)}, lambda t: R.activation_forward(code, t["x"], 0.1), ours_grad,
-                  lambda t: TORCH_ACTIVATIONS[code](t["x"]), ("x",), {"x": lambda rng, shape: 4 * rng.standard_normal(shape)})
+    theirs = torch_activation(kind, alpha)
+    return Parity(kind.value, {"x": (n,)}, lambda t: row.reference_forward(t["x"], alpha), ours_grad,
+                  lambda t: theirs(t["x"]), ("x",), {"x": lambda rng, shape: 4 * rng.standard_normal(shape)})
 
 
 def maxpool(n, h, w, c, k, s, p):
@@ -153,7 +159,7 @@ PARITY = [
     conv(2, 6, 6, 4, 4, 3, 1, 1, 4),   # depthwise
     batchnorm_train_4d(2, 3, 4, 5),
     batchnorm_eval(7, 4),
-    *[activation(code) for code in TORCH_ACTIVATIONS],
+    *[activation(kind) for kind in ops.ACTIVATIONS],   # every activation of the op table
     maxpool(2, 7, 6, 3, 3, 2, 1),
     maxpool(2, 6, 6, 2, 2, 2, 0),
     avgpool(2, 7, 6, 3, 3, 2, 1),

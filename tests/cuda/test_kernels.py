@@ -1,4 +1,4 @@
-"""Every CUDA kernel against the numpy spec (``cpu_ref.reference``), one table row per case.
+"""Every CUDA kernel against the numpy spec (``planner.reference``), one table row per case.
 
 Inputs are fp16 values; the spec runs in float64 on exactly those values, so a kernel
 differs from it only by its fp32 arithmetic and the final rounding of what it stores.
@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
+from planner.ops import ACTIVATIONS, OPS
 from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._registry import all_kernels
 from cuda_kernels._tape import LaunchTape
@@ -75,17 +76,17 @@ def check(label, got, expected, tol):
 
 # ---------------------------------------------------------------------------- elementwise
 
-def case_activation(rng, code):
+def case_activation(rng, prim, accumulate):
+    row = OPS[prim]
     x = np.concatenate([half(rng, 58, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
     y = garbage(x.shape, np.float16)
-    run(lambda t: _elementwise.activation_forward(t, code, dev(x), y, alpha=0.1))
-    check("y", y, ref.activation_forward(code, f64(x), 0.1), "fp16")
-    saved = y.copy_to_host() if code in ref.ACTIVATION_SAVES_OUTPUT else x
+    run(lambda t: _elementwise.activation_forward(t, prim, dev(x), y, alpha=0.1))
+    check("y", y, row.reference_forward(f64(x), 0.1), "fp16")
+    saved = y.copy_to_host() if row.saves == ("output",) else x
     dy, dx0 = half(rng, x.shape), half(rng, x.shape)
     dx = dev(dx0)
-    accumulate = code % 2 == 1
-    run(lambda t: _elementwise.activation_backward(t, code, dev(saved), dev(dy), dx, 0.1, accumulate))
-    expected = ref.activation_backward(code, f64(saved), f64(dy), 0.1) + (f64(dx0) if accumulate else 0)
+    run(lambda t: _elementwise.activation_backward(t, prim, dev(saved), dev(dy), dx, 0.1, accumulate))
+    expected = row.reference_backward(f64(saved), f64(dy), 0.1) + (f64(dx0) if accumulate else 0)
     check("dx", dx, expected, "fp16")
 
 
@@ -417,7 +418,8 @@ def case_update_loss_scale(rng):
 
 
 CASES = [
-    *[pytest.param(case_activation, dict(code=c), id=f"activation-{c}") for c in range(8)],
+    *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 1), id=f"activation-{prim.value}")
+      for index, prim in enumerate(ACTIVATIONS)],   # every activation of the op table
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
     *[pytest.param(case_dropout, dict(p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
 from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
 from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
 from cuda_kernels._tape import LaunchTape

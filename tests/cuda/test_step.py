@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cpu_ref import reference as ref
+from planner import reference as ref
+from planner.ops import Prim
 from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._arena import DeviceArena
 from cuda_kernels._tape import Immediate, LaunchTape
@@ -103,7 +104,7 @@ def record_step(launcher, v):
                             v["d_fc_b"], False)
     _pool.gap_backward(launcher, v["d_pooled"], v["d_drop_out"], False)
     _elementwise.dropout_backward(launcher, v["mask"], v["d_drop_out"], v["d_bn_out"], P, False)
-    _elementwise.activation_backward(launcher, _elementwise.RELU, v["bn_out"], v["d_bn_out"], v["d_bn_out"])
+    _elementwise.activation_backward(launcher, Prim.RELU, v["bn_out"], v["d_bn_out"], v["d_bn_out"])
     _batchnorm.batchnorm_backward(launcher, flat("conv_out"), v["bn_gamma"], v["save_mean"], v["save_invstd"],
                                   flat("d_bn_out"), flat("d_conv_out"), v["d_bn_gamma"], v["d_bn_beta"], False)
     _conv.conv2d_backward(launcher, v["x"], v["conv_w16"], v["d_conv_out"], None, v["d_conv_w"], 1, 1, 1, False)

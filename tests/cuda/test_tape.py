@@ -12,6 +12,7 @@ from cuda_kernels._graph import (GraphCaptureWarning, GraphUnavailable, StepRunn
                                  plan_replay, synchronize)
 from cuda_kernels._registry import SIMULATOR
 from cuda_kernels._tape import Immediate, Launch, LaunchTape
+from planner.ops import Prim
 
 
 def test_arena_views_alias_one_buffer():
@@ -44,11 +45,11 @@ def test_tape_rejects_host_arrays_and_wrong_scalar_types():
     tape = LaunchTape()
     y = cuda.device_array(8, np.float16)
     with pytest.raises(TypeError, match="host numpy array"):
-        _elementwise.activation_forward(tape, 0, np.zeros(8, np.float16), y)
-    spec = _elementwise._activation_forward
-    with pytest.raises(TypeError, match="'code' expects int32, got int64"):
-        tape.launch(spec, 1, 32, cuda.device_array(8, np.float16), y, 3, np.float32(0.1))
-    with pytest.raises(TypeError, match="expects 4 arguments"):
+        _elementwise.activation_forward(tape, Prim.RELU, np.zeros(8, np.float16), y)
+    spec = _elementwise.ACTIVATION_KERNELS[Prim.RELU].forward
+    with pytest.raises(TypeError, match="'alpha' expects float32, got float64"):
+        tape.launch(spec, 1, 32, cuda.device_array(8, np.float16), y, 0.1)
+    with pytest.raises(TypeError, match="expects 3 arguments"):
         Immediate().launch(spec, 1, 32, y, y)
     assert len(tape) == 0
 
@@ -57,10 +58,10 @@ def test_tape_replays_in_order():
     x = cuda.to_device(np.array([-1, 2, -3, 4], np.float16))
     y, z = cuda.device_array(4, np.float16), cuda.device_array(4, np.float16)
     tape = LaunchTape()
-    _elementwise.activation_forward(tape, 0, x, y)       # relu
+    _elementwise.activation_forward(tape, Prim.RELU, x, y)
     _elementwise.add_forward(tape, y, x, z)              # relu(x) + x
-    assert tape.names() == ["activation_forward", "add_forward"]
-    assert [s.name for s in tape.kernel_specs()] == ["activation_forward", "add_forward"]
+    assert tape.names() == ["activation_forward.relu", "add_forward"]
+    assert [s.name for s in tape.kernel_specs()] == ["activation_forward.relu", "add_forward"]
     tape.replay()
     np.testing.assert_array_equal(z.copy_to_host(), [-1, 4, -3, 8])
 
@@ -172,7 +173,7 @@ def test_graph_replay_issues_the_transfers_around_the_graph_launch(monkeypatch):
     x, y = cuda.device_array(2, np.float16), cuda.device_array(2, np.float16)
     staging = Staging({"x": x}, {"y": y})
     tape = LaunchTape()
-    record_transfers(tape, staging, lambda t: _elementwise.activation_forward(t, 0, x, y))
+    record_transfers(tape, staging, lambda t: _elementwise.activation_forward(t, Prim.RELU, x, y))
     before, kernels, after = tape.segments()
     assert [e.kind for e in before] == ["upload", "event"] and [e.kind for e in kernels] == ["kernel"]
     assert [(e.kind, e.name) for e in after] == [("download", "y"), ("event", "done")]

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 import blueprint
 from blueprint import (
     BlockStyle, BluePrint, Kind, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw,
-    dropout, fc, flatten, gap, gap_fc, gelu, group_conv, hardswish, identity, leaky_relu, map_layers, maxpool,
-    mbconv, named, relu, relu6, repeat, seq, sigmoid, silu, tanh,
+    dropout, fc, flatten, gap, gap_fc, group_conv, identity, leaky_relu, map_layers, maxpool,
+    mbconv, named, relu, repeat, seq,
 )
+from planner.ops import ACTIVATIONS, OPS
 
 DSL_NAMESPACE: dict = {}
 exec("from blueprint import *", DSL_NAMESPACE)
@@ -75,17 +76,12 @@ FACTORIES = {
           bad(ValueError, "eps must be > 0, got 0.0", eps=0),
           bad(TypeError, "eps must be a finite float", eps=float("inf")),
           bad(TypeError, "momentum must be a finite float, got True", momentum=True)]),
-    relu: ([call()], []),
-    relu6: ([call()], []),
+    # every activation of the op table without parameters: a factory that takes none
+    **{getattr(blueprint, kind.value): ([call()], []) for kind in ACTIVATIONS if not OPS[kind].attrs},
     leaky_relu: ([call(), call(0.2), call(0)],
                  [bad(ValueError, "slope must be in [0.0, 1.0), got 1", 1),
                   bad(ValueError, "slope must be in [0.0, 1.0)", -0.5),
                   bad(TypeError, "slope must be a finite float", "0.1")]),
-    sigmoid: ([call()], []),
-    tanh: ([call()], []),
-    silu: ([call()], []),
-    hardswish: ([call()], []),
-    gelu: ([call()], []),
     dropout: ([call(0.5), call(0), call(0.999)],
               [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
                bad(ValueError, "p must be in [0.0, 1.0), got -0.1", -0.1),

@@ -18,20 +18,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import blueprint
 import planner
 import planner.compiler
 import planner.expand
 from blueprint import (
     BlockStyle, BluePrint, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc,
-    flatten, gap, gap_fc, gelu, group_conv, hardswish, identity, leaky_relu, maxpool, mbconv, named, relu, relu6,
-    repeat, seq, sigmoid, silu, tanh, zoo,
+    flatten, gap, gap_fc, gelu, group_conv, identity, leaky_relu, maxpool, mbconv, named, relu, repeat, seq, zoo,
 )
 from planner import ArchPlan, ExpandError
 from planner._build import is_compiled, source
+from planner import ops
 from planner.compiler import Compiler
+from planner.ops import ShapeError
 from planner.plan import Role
 from planner.schedule import size_slot
-from planner.registry import ShapeError
 from planner.verify import PlanError
 
 # The twins: `planner._expand` as imported (the compiled extension where it is built) and the same
@@ -68,7 +69,7 @@ class Value:
     size: int = 1
 
 
-ACTIVATIONS = (relu, relu6, sigmoid, tanh, silu, hardswish, gelu)
+ACTIVATIONS = tuple(getattr(blueprint, kind.value) for kind in ops.ACTIVATIONS if not ops.OPS[kind].attrs)
 
 
 class Draw:

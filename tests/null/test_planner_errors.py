@@ -9,7 +9,7 @@ from blueprint import (
 )
 from planner import ArchPlan, ExpandError
 from planner.compiler import Compiler
-from planner.registry import ShapeError
+from planner.ops import ShapeError
 
 TRAIN = {"train": (2, 8, 8, 3)}
 

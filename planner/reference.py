@@ -1,6 +1,7 @@
 """The specification of every primitive in docs/kernel-contract.md, in plain numpy.
 
-This module is the spec: the numba CPU kernels (``cpu_ref``) and the numba.cuda kernels
+Every row of the op table (``planner.ops.OPS``) points at its forward and backward here. This
+module is the spec: the numba CPU kernels (``cpu_ref``) and the numba.cuda kernels
 (``cuda_kernels``) are tested against it, and it is tested against float64 finite
 differences and against PyTorch. It is written for clarity, not speed, and works in
 whatever float dtype it is given (float64 for gradient checks).
@@ -12,10 +13,6 @@ call site). Layouts are those of the contract: activations NHWC, conv weights OH
 Forward and backward of a primitive sit side by side.
 """
 import numpy as np
-
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
-ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
-
 
 def conv_output_size(size, k, stride, pad):
     """Output extent of a convolution or pooling window along one axis (floor mode)."""
@@ -115,48 +112,76 @@ def _erf(x):
     return np.vectorize(erf, otypes=[x.dtype])(x) if x.size else x.copy()
 
 
-def activation_forward(code, x, alpha=0.01):
-    if code == RELU:
-        return np.maximum(x, 0)
-    if code == RELU6:
-        return np.clip(x, 0, 6)
-    if code == LEAKY_RELU:
-        return np.where(x > 0, x, alpha * x)
-    if code == SIGMOID:
-        return _sigmoid(x)
-    if code == TANH:
-        return np.tanh(x)
-    if code == SILU:
-        return x * _sigmoid(x)
-    if code == HARDSWISH:
-        return x * np.clip(x + 3, 0, 6) / 6
-    if code == GELU:
-        return 0.5 * x * (1 + _erf(x / np.sqrt(2.0)))
-    raise ValueError(f"activation_forward: unknown activation code {code}")
+# Each activation is a pair ``f(x, alpha) -> y`` and ``grad(saved, dy, alpha) -> dx``, where
+# ``saved`` is what its op-table row saves: the output ``y`` (relu, relu6, sigmoid, tanh) or the
+# input ``x``; ``alpha`` is the leaky_relu slope (ignored by the others).
+
+def relu(x, alpha=0.01):
+    return np.maximum(x, 0)
 
 
-def activation_backward(code, saved, dy, alpha=0.01):
-    """``saved`` is the output ``y`` for codes in ``ACTIVATION_SAVES_OUTPUT``, else the input ``x``."""
-    if code == RELU:
-        return np.where(saved > 0, dy, 0)
-    if code == RELU6:
-        return np.where((saved > 0) & (saved < 6), dy, 0)
-    if code == LEAKY_RELU:
-        return np.where(saved > 0, dy, alpha * dy)
-    if code == SIGMOID:
-        return dy * saved * (1 - saved)
-    if code == TANH:
-        return dy * (1 - saved * saved)
-    if code == SILU:
-        s = _sigmoid(saved)
-        return dy * s * (1 + saved * (1 - s))
-    if code == HARDSWISH:
-        return np.where(saved < -3, 0, np.where(saved <= 3, dy * (saved / 3 + 0.5), dy))
-    if code == GELU:
-        cdf = 0.5 * (1 + _erf(saved / np.sqrt(2.0)))
-        pdf = np.exp(-0.5 * saved * saved) / np.sqrt(2 * np.pi)
-        return dy * (cdf + saved * pdf)
-    raise ValueError(f"activation_backward: unknown activation code {code}")
+def relu_grad(y, dy, alpha=0.01):
+    return np.where(y > 0, dy, 0)
+
+
+def relu6(x, alpha=0.01):
+    return np.clip(x, 0, 6)
+
+
+def relu6_grad(y, dy, alpha=0.01):
+    return np.where((y > 0) & (y < 6), dy, 0)
+
+
+def leaky_relu(x, alpha=0.01):
+    return np.where(x > 0, x, alpha * x)
+
+
+def leaky_relu_grad(x, dy, alpha=0.01):
+    return np.where(x > 0, dy, alpha * dy)
+
+
+def sigmoid(x, alpha=0.01):
+    return _sigmoid(x)
+
+
+def sigmoid_grad(y, dy, alpha=0.01):
+    return dy * y * (1 - y)
+
+
+def tanh(x, alpha=0.01):
+    return np.tanh(x)
+
+
+def tanh_grad(y, dy, alpha=0.01):
+    return dy * (1 - y * y)
+
+
+def silu(x, alpha=0.01):
+    return x * _sigmoid(x)
+
+
+def silu_grad(x, dy, alpha=0.01):
+    s = _sigmoid(x)
+    return dy * s * (1 + x * (1 - s))
+
+
+def hardswish(x, alpha=0.01):
+    return x * np.clip(x + 3, 0, 6) / 6
+
+
+def hardswish_grad(x, dy, alpha=0.01):
+    return np.where(x < -3, 0, np.where(x <= 3, dy * (x / 3 + 0.5), dy))
+
+
+def gelu(x, alpha=0.01):
+    """The exact erf form (PyTorch's default)."""
+    return 0.5 * x * (1 + _erf(x / np.sqrt(2.0)))
+
+
+def gelu_grad(x, dy, alpha=0.01):
+    cdf = 0.5 * (1 + _erf(x / np.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)
+    return dy * (cdf + x * pdf)
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -227,6 +252,20 @@ def linear_backward(x2d, w, dy):
 
 def add_forward(a, b):
     return a + b
+
+
+def add_backward(dy):
+    """Returns ``(da, db)``."""
+    return dy, dy
+
+
+def flatten_forward(x):
+    """NHWC -> ``(N, H*W*C)``, features in (H, W, C) order."""
+    return x.reshape(x.shape[0], -1)
+
+
+def flatten_backward(dy, x_shape):
+    return dy.reshape(x_shape)
 
 
 def channel_pad_forward(x, c_out):

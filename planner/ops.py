@@ -1,20 +1,28 @@
-"""The layer registry: one row per primitive kind (a table, not a class hierarchy).
+"""The op table: one row per primitive kind (a table, not a class hierarchy).
 
-A row holds the shape rule, the parameter specs with their initialisers, the MAC count,
-what the backward pass reads (`saves`: the layer's input and/or output value) and the
-extra tensors the kind needs (`extras`: saved statistics/indices/masks, workspaces).
+`Prim` names every primitive once; its values are the strings the plans carry (`layer.kind`
+compares equal to them). A row (`OpRow`) holds what the planner needs and what the paths are
+tested against: the `ArchLayer` params it reads, the shape rule, the parameter specs with
+their initialisers and PyTorch layouts, the MAC count, what the backward pass reads (`saves`:
+the layer's input and/or output value), the extra tensors the kind needs (`extras`: saved
+statistics/indices/masks, workspaces), the directions a plan schedules for it, and its numpy
+reference forward and backward (`planner.reference`), which are the spec.
 Fused kinds have no rows: they are made of primitives (`ArchLayer.sub`) and take their
-shapes, parameters and MACs from them (`planner.compiler`).
+shapes, parameters and MACs from them (`planner.compiler`). Each execution path registers
+its kernels against `Prim` in its own package (`planner.kernel_table`).
 """
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
+from typing import Any, Callable
 
-from planner._arch import ACTIVATION_KINDS, ArchLayer
+from planner import reference as R
 
 Shape = tuple[int, ...]
+ArchLayer = Any   # a planner._arch.ArchLayer, not imported: planner._arch reads this table (PARAMETER_KINDS)
 
 
 class ShapeError(ValueError):
@@ -37,22 +45,62 @@ class Extra:
     phases: str = "fb"   # workspaces only: "f" forward, "b" backward, "fb" one each
 
 
+class Prim(enum.StrEnum):
+    """Every primitive kind. A value is the kind's one spelling, in plans and everywhere else."""
+
+    CONV = "conv"
+    BN2D = "bn2d"
+    BN1D = "bn1d"
+    RELU = "relu"
+    RELU6 = "relu6"
+    LEAKY_RELU = "leaky_relu"
+    SIGMOID = "sigmoid"
+    TANH = "tanh"
+    SILU = "silu"
+    HARDSWISH = "hardswish"
+    GELU = "gelu"
+    DROPOUT = "dropout"
+    FLATTEN = "flatten"
+    FC = "fc"
+    MAXPOOL = "maxpool"
+    AVGPOOL = "avgpool"
+    GAP = "gap"
+    CHANNEL_PAD = "channel_pad"
+    ADD = "add"
+    SOFTMAX_CE = "softmax_ce"
+
+    @property
+    def row(self) -> "OpRow":
+        return OPS[self]
+
+
+TRAIN = ("forward", "backward")   # the directions a plan schedules for a layer
+LOSS = ("loss",)                  # the loss head: one op computes the loss and the logits' gradient
+
+
 @dataclass(frozen=True, slots=True)
-class KindRule:
-    kind: str
+class OpRow:
+    prim: Prim
+    attrs: tuple[str, ...]       # the `ArchLayer.params` names the kind reads (sorted, as the expander emits them)
     shape: Callable[[ArchLayer, list[Shape]], Shape]
     params: Callable[[ArchLayer, list[Shape]], list[tuple[ParamRule, Shape]]]
     macs: Callable[[ArchLayer, list[Shape], Shape], int]
     saves: tuple[str, ...]                                            # "input" and/or "output"
     extras: Callable[[ArchLayer, list[Shape], Shape], list[tuple[Extra, Shape]]]
+    reference_forward: Callable   # planner.reference: the spec of every path's forward ...
+    reference_backward: Callable  # ... and backward (for the loss head, one function gives both)
+    directions: tuple[str, ...] = TRAIN
+    activation: bool = False      # pointwise f(x, alpha) with a reference pair (f, grad) of that form
     train_only_extras: bool = True  # False: eval graphs plan the saved extras too, as forward workspaces
 
 
-REGISTRY: dict[str, KindRule] = {}
+_ROWS: dict[Prim, OpRow] = {}
 
 
-def register(rule: KindRule) -> None:
-    REGISTRY[rule.kind] = rule
+def register(row: OpRow) -> None:
+    if row.prim in _ROWS:
+        raise ValueError(f"planner/ops.py: a second row for {row.prim.value!r}; each kind has exactly one row")
+    _ROWS[row.prim] = row
 
 
 def _none(*_):
@@ -119,7 +167,8 @@ def _conv_extras(layer, shapes, out):
     return [(COL, col)]
 
 
-register(KindRule("conv", _conv_shape, _conv_params, _conv_macs, ("input",), _conv_extras))
+register(OpRow(Prim.CONV, ("groups", "kernel", "out_channels", "padding", "stride"), _conv_shape, _conv_params,
+             _conv_macs, ("input",), _conv_extras, R.conv2d_forward, R.conv2d_backward))
 
 
 # ---- batch norm (2-D and 1-D share the kernels) ----------------------------------------------
@@ -139,19 +188,32 @@ def _bn_extras(layer, shapes, out):
     return [(extra, c) for extra in BN_SAVED]
 
 
-for _kind in ("bn2d", "bn1d"):
-    register(KindRule(_kind, _same, _bn_params, _zero, ("input",), _bn_extras))
+for _prim in (Prim.BN2D, Prim.BN1D):
+    register(OpRow(_prim, ("eps", "momentum"), _same, _bn_params, _zero, ("input",), _bn_extras,
+                   R.batchnorm_forward_train, R.batchnorm_backward))
 
 # ---- activations ------------------------------------------------------------------------------
-ACTIVATION_SAVES_OUTPUT = frozenset({"relu", "relu6", "sigmoid", "tanh"})
-ACTIVATION_CODE = {name: code for code, name in enumerate(ACTIVATION_KINDS)}
-for _kind in ACTIVATION_KINDS:
-    register(KindRule(_kind, _same, _none, _zero, ("output",) if _kind in ACTIVATION_SAVES_OUTPUT else ("input",), _none))
+def activation(prim: Prim, saves: str, forward: Callable, backward: Callable, attrs: tuple[str, ...] = ()) -> None:
+    """A pointwise activation row. ``saves``: "output" where the derivative is a function of the output
+    (the input need not be kept), else "input"; ``attrs``: its one scalar parameter (``alpha``), if any."""
+    register(OpRow(prim, attrs, _same, _none, _zero, (saves,), _none, forward, backward, activation=True))
+
+
+activation(Prim.RELU, "output", R.relu, R.relu_grad)
+activation(Prim.RELU6, "output", R.relu6, R.relu6_grad)
+activation(Prim.LEAKY_RELU, "input", R.leaky_relu, R.leaky_relu_grad, attrs=("slope",))
+activation(Prim.SIGMOID, "output", R.sigmoid, R.sigmoid_grad)
+activation(Prim.TANH, "output", R.tanh, R.tanh_grad)
+activation(Prim.SILU, "input", R.silu, R.silu_grad)
+activation(Prim.HARDSWISH, "input", R.hardswish, R.hardswish_grad)
+activation(Prim.GELU, "input", R.gelu, R.gelu_grad)
 
 # ---- regularisation, reshapes, sums ------------------------------------------------------------
 DROPOUT_MASK = Extra("mask", "uint8", saved=True)
-register(KindRule("dropout", _same, _none, _zero, (), lambda layer, shapes, out: [(DROPOUT_MASK, out)]))
-register(KindRule("flatten", lambda layer, shapes: (shapes[0][0], math.prod(shapes[0][1:])), _none, _zero, (), _none))
+register(OpRow(Prim.DROPOUT, ("p",), _same, _none, _zero, (), lambda layer, shapes, out: [(DROPOUT_MASK, out)],
+             R.dropout_forward, R.dropout_backward))
+register(OpRow(Prim.FLATTEN, (), lambda layer, shapes: (shapes[0][0], math.prod(shapes[0][1:])), _none, _zero, (),
+             _none, R.flatten_forward, R.flatten_backward))
 
 
 def _add_shape(layer, shapes):
@@ -161,14 +223,15 @@ def _add_shape(layer, shapes):
     return shapes[0]
 
 
-register(KindRule("add", _add_shape, _none, _zero, (), _none))
+register(OpRow(Prim.ADD, (), _add_shape, _none, _zero, (), _none, R.add_forward, R.add_backward))
 
 
 def _channel_pad_shape(layer, shapes):
     return shapes[0][:-1] + (layer.param("out_channels"),)
 
 
-register(KindRule("channel_pad", _channel_pad_shape, _none, _zero, (), _none))
+register(OpRow(Prim.CHANNEL_PAD, ("out_channels",), _channel_pad_shape, _none, _zero, (), _none,
+             R.channel_pad_forward, R.channel_pad_backward))
 
 # ---- fully connected -----------------------------------------------------------------------------
 def _fc_shape(layer, shapes):
@@ -190,7 +253,8 @@ def _fc_params(layer, shapes):
     return rules
 
 
-register(KindRule("fc", _fc_shape, _fc_params, lambda layer, shapes, out: shapes[0][1] * out[1], ("input",), _none))
+register(OpRow(Prim.FC, ("bias", "out_features"), _fc_shape, _fc_params,
+             lambda layer, shapes, out: shapes[0][1] * out[1], ("input",), _none, R.linear_forward, R.linear_backward))
 
 # ---- pooling -------------------------------------------------------------------------------------
 def _pool_shape(what):
@@ -202,10 +266,14 @@ def _pool_shape(what):
 
 # the forward kernel writes the argmax in eval graphs too (one kernel for both), so eval plans it as a workspace
 ARGMAX = Extra("argmax", "int32", saved=True)
-register(KindRule("maxpool", _pool_shape("maxpool"), _none, _zero, (), lambda layer, shapes, out: [(ARGMAX, out)],
-                  train_only_extras=False))
-register(KindRule("avgpool", _pool_shape("avgpool"), _none, _zero, (), _none))
-register(KindRule("gap", lambda layer, shapes: (shapes[0][0], shapes[0][3]), _none, _zero, (), _none))
+WINDOW = ("kernel", "padding", "stride")
+register(OpRow(Prim.MAXPOOL, WINDOW, _pool_shape("maxpool"), _none, _zero, (),
+               lambda layer, shapes, out: [(ARGMAX, out)], R.maxpool_forward, R.maxpool_backward,
+               train_only_extras=False))
+register(OpRow(Prim.AVGPOOL, WINDOW, _pool_shape("avgpool"), _none, _zero, (), _none, R.avgpool_forward,
+               R.avgpool_backward))
+register(OpRow(Prim.GAP, (), lambda layer, shapes: (shapes[0][0], shapes[0][3]), _none, _zero, (), _none,
+               R.gap_forward, R.gap_backward))
 
 # ---- the loss head -------------------------------------------------------------------------------
 def _loss_shape(layer, shapes):
@@ -214,7 +282,17 @@ def _loss_shape(layer, shapes):
     return ()
 
 
-register(KindRule("softmax_ce", _loss_shape, _none, _zero, (), _none))
+register(OpRow(Prim.SOFTMAX_CE, (), _loss_shape, _none, _zero, (), _none, R.softmax_cross_entropy,
+               R.softmax_cross_entropy, directions=LOSS))
 
-# kinds whose rule can ask for extra tensors (the others never do, so the compiler skips asking them)
-KINDS_WITH_EXTRAS = frozenset(kind for kind, rule in REGISTRY.items() if rule.extras is not _none)
+missing = [prim.value for prim in Prim if prim not in _ROWS]
+if missing:
+    raise AssertionError(f"planner/ops.py: Prim members without a row: {missing}; register a row for each")
+
+OPS = MappingProxyType({prim: _ROWS[prim] for prim in Prim})    # Prim -> OpRow, frozen, in Prim order
+ACTIVATIONS = tuple(prim for prim, row in OPS.items() if row.activation)
+PARAMETER_KINDS = frozenset(prim for prim, row in OPS.items() if row.params is not _none)
+# one input, output of the input's shape: the expander emits these generically from a DSL leaf of the same name
+SHAPE_PRESERVING = frozenset(prim for prim, row in OPS.items() if row.shape is _same and row.directions == TRAIN)
+# kinds whose row can ask for extra tensors (the others never do, so the compiler skips asking them)
+KINDS_WITH_EXTRAS = frozenset(prim for prim, row in OPS.items() if row.extras is not _none)
