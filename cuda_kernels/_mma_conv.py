@@ -26,7 +26,7 @@ from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
 from ._mma import cp_async_16, cp_async_commit, cp_async_wait, pack_half2, st_shared_v4
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
-                         make_warp_step, mma_kernel)
+                         make_warp_step, mma_kernel, pipeline_bytes, shared_array_words)
 from ._registry import F1, H1, ZERO, flat, nbt
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
@@ -81,7 +81,8 @@ def make_conv_forward(tile, epilogue, any_channels=False):
     A_LOADS, B_LOADS = math.ceil(BM / ROWS_PER_PASS), math.ceil(BN / ROWS_PER_PASS)
     A_STAGE, B_STAGE = k_contiguous_bytes(BM), k_contiguous_bytes(BN)
     B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    SMEM_WORDS = pipeline_bytes(tile, a_trans=False, b_trans=False) // 4
+    SMEM_ARRAY = shared_array_words(4 * SMEM_WORDS)   # 0: dynamic shared memory (above 48 KB)
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
     ROW_GROUPS = 8 * WARPS_M   # threads sharing an output column: lane >> 2 of each warp row
     if 2 * ROW_GROUPS * BN > SMEM_WORDS:
@@ -123,7 +124,7 @@ def make_conv_forward(tile, epilogue, any_channels=False):
 
     @cuda.jit(device=True)
     def forward(x, w, y, sums, sumsq, geo):
-        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
+        smem = cuda.shared.array(SMEM_ARRAY, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         a_off = cuda.local.array((KK, MI), nbt.int32)
         b_off = cuda.local.array((KK, NJ), nbt.int32)
@@ -227,7 +228,8 @@ def make_conv_forward(tile, epilogue, any_channels=False):
 def _declare(tile, epilogue, any_channels=False):
     pyfunc, signature = make_conv_forward(tile, epilogue, any_channels)
     name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
-    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature)(pyfunc)
+    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature,
+                      pipeline_bytes(tile, a_trans=False, b_trans=False))(pyfunc)
 
 
 FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}

@@ -17,8 +17,9 @@ from . import _conv
 from ._gemm import CONV_GEOMETRY
 from ._mma import cp_async_16, cp_async_commit, cp_async_wait
 from ._mma_conv import advance_tap
+from ._dynamic_smem import SMALLEST_MAX_SHARED
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
-                         make_warp_step, mma_kernel, mn_contiguous_bytes)
+                         make_warp_step, mma_kernel, mn_contiguous_bytes, pipeline_bytes, shared_array_words)
 from ._registry import H1, ZERO, flat, nbt
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
@@ -43,7 +44,7 @@ def make_dgrad(tile):
     B_ROW = (BN + CHUNK) * 2
     A_STAGE, B_STAGE = k_contiguous_bytes(BM), mn_contiguous_bytes(BN)
     B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=False, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
     fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=True)
     KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
@@ -172,10 +173,10 @@ def make_dgrad(tile):
     return conv2d_backward_data
 
 
-DGRAD_SHARED_LIMIT = 48 * 1024
-DGRAD_TILES = tuple(t for t in TILES
-                    if STAGES * (k_contiguous_bytes(t.bm) + mn_contiguous_bytes(t.bn)) <= DGRAD_SHARED_LIMIT)
-DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, CONV_GEOMETRY))(make_dgrad(tile))
+# every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
+DGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=False, b_trans=True) <= SMALLEST_MAX_SHARED)
+DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, CONV_GEOMETRY),
+                          pipeline_bytes(tile, a_trans=False, b_trans=True))(make_dgrad(tile))
          for tile in DGRAD_TILES}
 
 

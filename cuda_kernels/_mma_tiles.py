@@ -12,6 +12,10 @@ Shared memory, one float32 array reused by the epilogue; per stage an A then a B
 - MN-contiguous operand (rows = k, ``width`` fp16 of m or n per row, read with ``.trans``):
   rows padded by 16 bytes; ``(width + 8) / 8`` is odd for every width here, so 8
   consecutive rows hit 8 distinct bank groups.
+
+A pipeline of at most 48 KB is a static shared array; a larger one (128x128 with a padded
+``.trans`` operand: 49.5 KB for the input gradient, 51 KB for the weight gradient) is dynamic
+shared memory, its kernel registered with ``dynamic_shared_bytes`` (``_dynamic_smem``).
 """
 import inspect
 import math
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from numba import cuda
 
+from ._dynamic_smem import STATIC_SHARED_LIMIT
 from ._mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
 from ._registry import SIMULATOR, KernelSpec, nbt
 
@@ -100,6 +105,23 @@ def mn_contiguous_bytes(width):
     return BK * (width + CHUNK) * 2
 
 
+def pipeline_bytes(tile, a_trans, b_trans):
+    """Shared bytes of ``tile``'s ``STAGES``-deep pipeline; ``*_trans``: that operand MN-contiguous (padded rows)."""
+    a = mn_contiguous_bytes(tile.bm) if a_trans else k_contiguous_bytes(tile.bm)
+    b = mn_contiguous_bytes(tile.bn) if b_trans else k_contiguous_bytes(tile.bn)
+    return STAGES * (a + b)
+
+
+def dynamic_shared_bytes(nbytes):
+    """The dynamic shared memory a pipeline of ``nbytes`` is launched with: 0 when it fits a static array."""
+    return 0 if nbytes <= STATIC_SHARED_LIMIT else nbytes
+
+
+def shared_array_words(nbytes):
+    """The ``cuda.shared.array`` length (float32 words) of a pipeline of ``nbytes``: 0 (dynamic) above 48 KB."""
+    return 0 if dynamic_shared_bytes(nbytes) else nbytes // 4
+
+
 @cuda.jit(device=True)
 def kc_offset(row, chunk):
     """Byte offset of 16-byte ``chunk`` of ``row`` in a swizzled K-contiguous tile."""
@@ -169,12 +191,14 @@ def make_warp_step(tile, a_trans, b_trans):
 MMA_KERNELS = {}
 
 
-def mma_kernel(name, signature):
-    """Like ``_registry.kernel``, into ``MMA_KERNELS``."""
+def mma_kernel(name, signature, shared_bytes=0):
+    """Like ``_registry.kernel``, into ``MMA_KERNELS``; ``shared_bytes``: its pipeline's, launched as dynamic
+    shared memory above 48 KB (the kernel declares ``shared_array_words(shared_bytes)``)."""
     def declare(pyfunc):
         if name in MMA_KERNELS:
             raise ValueError(f"mma_kernel: duplicate kernel name {name!r}")
-        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters))
+        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
+                          dynamic_shared_bytes(shared_bytes))
         MMA_KERNELS[name] = spec
         return spec
     return declare

@@ -17,8 +17,9 @@ from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
 from ._mma import cp_async_16, cp_async_commit, cp_async_wait
 from ._mma_conv import store_chunk
+from ._dynamic_smem import SMALLEST_MAX_SHARED
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, make_warp_step, mma_kernel,
-                         mn_contiguous_bytes)
+                         mn_contiguous_bytes, pipeline_bytes, shared_array_words)
 from ._registry import F1, H1, ZERO, flat, nbt
 
 f16, i32 = nbt.float16, nbt.int32
@@ -47,7 +48,7 @@ def make_wgrad(tile, any_channels=False):
     A_ROW, B_ROW = (BM + CHUNK) * 2, (BN + CHUNK) * 2
     A_STAGE, B_STAGE = mn_contiguous_bytes(BM), mn_contiguous_bytes(BN)
     B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=True, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
     fragment_offsets, warp_step = make_warp_step(tile, a_trans=True, b_trans=True)
     KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
@@ -147,12 +148,11 @@ def make_wgrad(tile, any_channels=False):
     return conv2d_backward_weight
 
 
-WGRAD_SHARED_LIMIT = 48 * 1024
-WGRAD_TILES = tuple(t for t in TILES
-                    if STAGES * (mn_contiguous_bytes(t.bm) + mn_contiguous_bytes(t.bn)) <= WGRAD_SHARED_LIMIT)
+# every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
+WGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=True, b_trans=True) <= SMALLEST_MAX_SHARED)
 WGRAD = {(tile, any_channels): mma_kernel(
     f"mma_conv2d_backward_weight{'_any_channels' if any_channels else ''}_{tile.name}",
-    (H1, H1, F1, CONV_GEOMETRY))(make_wgrad(tile, any_channels))
+    (H1, H1, F1, CONV_GEOMETRY), pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile, any_channels))
     for tile in WGRAD_TILES for any_channels in (False, True)}
 
 
