@@ -2,13 +2,14 @@
 
 Which kernels take dynamic shared memory; the launch path passing the byte count and raising the
 kernel's limit once (handle and driver call replaced by stand-ins that record them: the simulator has
-neither); the driver call itself on stand-in handles. The kernels run against the numpy spec in
-test_mma_conv.py.
+neither); the driver call itself on stand-in handles; the static + dynamic bytes check. The kernels run
+against the numpy spec in test_mma_conv.py, and assemble within the limits in test_ptx.py.
 """
 import pytest
 from cuda.bindings import driver
 
 from cuda_kernels import _dynamic_smem, _mma_dgrad, _mma_wgrad
+from cuda_kernels._mma_static import MAX_SHARED_PER_BLOCK, shared_fits
 from cuda_kernels._mma_tiles import GPU_TILES, MMA_KERNELS, pipeline_bytes
 from cuda_kernels._registry import SIMULATOR, KernelSpec
 from cuda_kernels._tape import Launch
@@ -108,3 +109,20 @@ def test_a_refused_attribute_and_an_unknown_handle_say_what_to_do(monkeypatch):
         _dynamic_smem.set_max_dynamic_shared(driver.CUkernel(1), 0, 300000, "k")
     with pytest.raises(TypeError, match="k: expected a CUkernel or CUfunction handle from numba-cuda, got int"):
         _dynamic_smem.set_max_dynamic_shared(1, 0, 52224, "k")
+
+
+# ---- the static check of the PTX tier and gpu_check --static: static + dynamic bytes per architecture -----------
+SHARED_FITS = [  # (static bytes, dynamic bytes, cc, fits)
+    (48 * 1024, 0, (9, 0), True),
+    (48 * 1024 + 16, 0, (9, 0), False),          # static shared memory stops at 48 KB, whatever the attribute
+    (0, 52224, (8, 0), True),
+    (1024, 227 * 1024 - 1024, (9, 0), True),
+    (1024, 227 * 1024 - 1024, (8, 0), False),    # sm_80 opts in to 163 KB per block
+    (0, 227 * 1024 + 16, (9, 0), False),
+]
+
+
+@pytest.mark.parametrize("static, dynamic, cc, fits", SHARED_FITS)
+def test_shared_fits_counts_static_and_dynamic_bytes_against_the_architecture(static, dynamic, cc, fits):
+    assert shared_fits(static, dynamic, cc) is fits
+    assert MAX_SHARED_PER_BLOCK == {(8, 0): 163 * 1024, (9, 0): 227 * 1024}
