@@ -38,7 +38,7 @@ class Gpu:
 
 
 H200 = Gpu()
-# registers per thread of each tile's kernels (ptxas -v, sm_90, at most; the 128x128 input gradient 198): the budget
+# registers per thread of each tile's kernels, an upper bound (ptxas -v, sm_80 and sm_90): the design budget
 DESIGN_REGISTERS = {256: 200, 128: 216, 64: 64}
 
 
