@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cuda_kernels._mma_dgrad import DGRAD_TILES
 from cuda_kernels._mma_conv import STEM_TILES
-from cuda_kernels._mma_tiles import BK, CHUNK, STAGES, choose_tile, k_contiguous_bytes, mn_contiguous_bytes
+from cuda_kernels._mma_tiles import BK, CHUNK, choose_tile, pipeline_bytes
 from cuda_kernels._mma_wgrad import WGRAD_TILES
 
 
@@ -38,8 +38,8 @@ class Gpu:
 
 
 H200 = Gpu()
-# registers per thread of each tile's kernels (ptxas -v, sm_90, this commit): the design budget
-DESIGN_REGISTERS = {256: 160, 128: 216, 64: 64}
+# registers per thread of each tile's kernels, an upper bound (ptxas -v, sm_80 and sm_90): the design budget
+DESIGN_REGISTERS = {256: 200, 128: 216, 64: 64}
 
 
 def blocks_per_sm(tile, shared_bytes, gpu=H200):
@@ -129,14 +129,12 @@ def predict_conv(c, gpu=H200):
     if c.c_in % 8 or c.c_out % 8:   # stems: any-channel forward and weight gradient; no input gradient
         out = {kind: (None, simt[kind]) for kind in simt}
         stem = choose_tile(pixels_out, c.c_out, STEM_TILES)
-        out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem,
-                                       STAGES * (k_contiguous_bytes(stem.bm) + k_contiguous_bytes(stem.bn)),
+        out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem, pipeline_bytes(stem, False, False),
                                        x_bytes + w_bytes + y_bytes, scalar_staging=True), simt["forward"])
         if c.c_out % 8 == 0 and c.first:
             wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
             splits = _wgrad_splits(c, wgr, gpu)
-            out["wgrad"] = (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr,
-                                         STAGES * (mn_contiguous_bytes(wgr.bm) + mn_contiguous_bytes(wgr.bn)),
+            out["wgrad"] = (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
                                          x_bytes + y_bytes + 2 * w_bytes * splits, scalar_staging=True,
                                          k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"])
         return out
@@ -147,17 +145,15 @@ def predict_conv(c, gpu=H200):
     wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
     splits = _wgrad_splits(c, wgr, gpu)
     out = {
-        "forward": (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd,
-                                 STAGES * (k_contiguous_bytes(fwd.bm) + k_contiguous_bytes(fwd.bn)),
+        "forward": (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd, pipeline_bytes(fwd, False, False),
                                  x_bytes + w_bytes + y_bytes), simt["forward"]),
-        "wgrad": (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr,
-                               STAGES * (mn_contiguous_bytes(wgr.bm) + mn_contiguous_bytes(wgr.bn)),
+        "wgrad": (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
                                x_bytes + y_bytes + 2 * w_bytes * splits,   # fp32 atomics per split
                                k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"]),
     }
     if not c.first:   # tap count per phase class: ceil over the classes, as the kernel runs them
         out["dgrad"] = (predict_gemm(class_pixels, c.c_in, math.ceil(c.kernel / c.stride) ** 2 * c.c_out, dgr,
-                                     STAGES * (k_contiguous_bytes(dgr.bm) + mn_contiguous_bytes(dgr.bn)),
+                                     pipeline_bytes(dgr, False, True),
                                      x_bytes + w_bytes + y_bytes, groups_z=s2), simt["dgrad"])
     return out
 

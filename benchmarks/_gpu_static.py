@@ -1,14 +1,15 @@
 """``gpu_check.py --static``: static facts of every tensor-core kernel, no GPU needed.
 
 One record per kernel and architecture (sm_80, sm_90): registers, spill bytes, stack bytes,
-static shared memory (``ptxas -v``), mma / ldmatrix / cp.async instructions per main-loop
+static shared memory (``ptxas -v``), the dynamic shared memory it is launched with (tiles above
+48 KB) and whether both fit the architecture, mma / ldmatrix / cp.async instructions per main-loop
 iteration (one warp; the loop body is emitted once), and the predicted steady-state TFLOP/s
 of its tile on an H200 (``_gpu_model``: a prediction, not a measurement).
 """
 import json
 from types import SimpleNamespace
 
-from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info
+from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
 from cuda_kernels._mma_tiles import BK, CHUNK, TILES
 
 from ._gpu_model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
@@ -49,12 +50,13 @@ def static_records(archs=ARCHS):
                               mma_per_iteration_warp=counts["mma"],
                               mma_per_iteration_block=counts["mma"] * tile.threads // 32,
                               ldmatrix_per_iteration=counts["ldmatrix"] + counts["ldmatrix_trans"],
-                              cp_async_per_iteration=counts["cp_async"])
+                              cp_async_per_iteration=counts["cp_async"], dynamic_shared_bytes=spec.dynamic_shared_bytes)
                 if info is not None:
+                    shared = info.shared_bytes + spec.dynamic_shared_bytes
                     record.update(registers=info.registers, spill_bytes=info.spill_stores + info.spill_loads,
                                   stack_bytes=info.stack_bytes, shared_bytes=info.shared_bytes,
-                                  predicted_tflops=round(_steady_tflops(tile, max(1, info.shared_bytes),
-                                                                       "any_channels" in name), 1))
+                                  shared_fits=shared_fits(info.shared_bytes, spec.dynamic_shared_bytes, cc),
+                                  predicted_tflops=round(_steady_tflops(tile, max(1, shared), "any_channels" in name), 1))
                 records.append(record)
         finally:
             dispatcher.get_current_device = original
@@ -62,16 +64,21 @@ def static_records(archs=ARCHS):
 
 
 def static_main(json_path=None):
-    """Print the per-kernel table (and write ``json_path``); 0 when every kernel is free of spills."""
+    """Print the per-kernel table (and write ``json_path``); 0 when every kernel is free of spills and its
+    shared memory fits."""
     records = static_records()
     if not ptxas_available():
         print("ptxas is not on PATH: instruction counts only (no registers, spills or shared bytes)")
-    print(f"{'kernel':52s} {'arch':6s} {'regs':>4s} {'spill':>5s} {'smem':>6s} {'mma/it':>6s} {'pred TFLOP/s':>12s}")
+    print(f"{'kernel':52s} {'arch':6s} {'regs':>4s} {'spill':>5s} {'smem':>6s} {'dyn':>6s} {'mma/it':>6s} "
+          f"{'pred TFLOP/s':>12s}")
     for r in records:
         print(f"{r['name']:52s} {r['arch']:6s} {r.get('registers', '-'):>4} {r.get('spill_bytes', '-'):>5} "
-              f"{r.get('shared_bytes', '-'):>6} {r['mma_per_iteration_block']:>6} {r.get('predicted_tflops', '-'):>12}")
+              f"{r.get('shared_bytes', '-'):>6} {r['dynamic_shared_bytes']:>6} {r['mma_per_iteration_block']:>6} "
+              f"{r.get('predicted_tflops', '-'):>12}")
+    print("smem: static shared bytes (ptxas -v); dyn: dynamic shared bytes at launch (its limit raised first)")
     print("predicted TFLOP/s: steady state on an H200, a model (benchmarks/_gpu_model.py), not a measurement")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(records, f, indent=1)
-    return 1 if any(r.get("spill_bytes", 0) or r.get("stack_bytes", 0) for r in records) else 0
+    return 1 if any(r.get("spill_bytes", 0) or r.get("stack_bytes", 0) or not r.get("shared_fits", True)
+                    for r in records) else 0

@@ -5,11 +5,8 @@ and ``Cin % 8 == 0`` (the planner pads channels to 8): a 16-byte chunk of ``k`` 
 one tap, one ``cp.async`` (zero-filled in the padding). Each thread stages fixed rows of the
 A tile (output pixels) and of the B tile (filters): their pixel origins are computed once
 per block, and the tap / channel of its chunk column advances by ``BK`` per k-tile with
-compares and subtractions (no division in the main loop). ``STAGES``-deep pipeline:
-
-    prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
-    iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
-                  issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
+compares and subtractions (no division in the main loop). The ``STAGES``-deep pipeline is
+``_mma_tiles.make_pipeline``'s.
 
 The epilogue stores fp16 and either adds, for the BatchNorm that follows, per-channel sums
 and sums of squares of the stored values (the SIMT kernel's fusion), reduced in a fixed
@@ -24,9 +21,9 @@ from numba import cuda
 from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16, cp_async_commit, cp_async_wait, pack_half2, st_shared_v4
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
-                         make_warp_step, mma_kernel)
+from ._mma import cp_async_16, pack_half2, st_shared_v4
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
+                         pipeline_bytes, shared_array_words, stage_layout)
 from ._registry import F1, H1, ZERO, flat, nbt
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
@@ -79,17 +76,14 @@ def make_conv_forward(tile, epilogue, any_channels=False):
     T, BM, BN = tile.threads, tile.bm, tile.bn
     ROWS_PER_PASS = T // (BK // CHUNK)
     A_LOADS, B_LOADS = math.ceil(BM / ROWS_PER_PASS), math.ceil(BN / ROWS_PER_PASS)
-    A_STAGE, B_STAGE = k_contiguous_bytes(BM), k_contiguous_bytes(BN)
-    B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=False, b_trans=False)
+    SMEM_WORDS = pipeline_bytes(tile, a_trans=False, b_trans=False) // 4
+    SMEM_ARRAY = shared_array_words(4 * SMEM_WORDS)   # 0: dynamic shared memory (above 48 KB)
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
     ROW_GROUPS = 8 * WARPS_M   # threads sharing an output column: lane >> 2 of each warp row
     if 2 * ROW_GROUPS * BN > SMEM_WORDS:
         raise ValueError(f"tile {tile.name}: the BN-statistics slots need {2 * ROW_GROUPS * BN} words of shared "
                          f"memory, the pipeline has {SMEM_WORDS}")
-    fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=False)
-    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
-    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
     def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo):
@@ -122,11 +116,19 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                                 b_row[i] * gemm_k + k if valid else i32(0), valid)
 
     @cuda.jit(device=True)
+    def issue_next(smem, stage, operands, state):
+        x, w, a_base, a_h, a_w, b_row, geo = operands
+        k, ci, kx, ky = state
+        issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
+        ci, kx, ky = advance_tap(ci, kx, ky, geo[6], geo[11])
+        return i32(k + BK), i32(ci), i32(kx), i32(ky)
+
+    main_loop = make_pipeline(tile, a_trans=False, b_trans=False, issue_next=issue_next)
+
+    @cuda.jit(device=True)
     def forward(x, w, y, sums, sumsq, geo):
-        smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
+        smem = cuda.shared.array(SMEM_ARRAY, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
-        a_off = cuda.local.array((KK, MI), nbt.int32)
-        b_off = cuda.local.array((KK, NJ), nbt.int32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
@@ -136,7 +138,6 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
-        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         for i in range(A_LOADS):   # this thread's output pixels: the only division of the kernel
             m = m0 + (tid >> 2) + i * ROWS_PER_PASS
@@ -149,10 +150,6 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                 a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
         for i in range(B_LOADS):
             b_row[i] = n0 + (tid >> 2) + i * ROWS_PER_PASS
-        for mi in range(MI):
-            for ni in range(NI):
-                for r in range(4):
-                    acc[mi, ni, r] = ZERO
         k = i32((tid & 3) * CHUNK)
         ci, kx, ky = k, i32(0), i32(0)
         while ci >= c_in:
@@ -162,23 +159,8 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                 kx = 0
                 ky += 1
         tiles = (gemm_k + BK - 1) // BK
-        for stage in range(STAGES - 1):
-            if stage < tiles:
-                issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
-                k += BK
-                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
-            cp_async_commit()
-        for kt in range(tiles):
-            wait_stage()
-            cuda.syncthreads()
-            if kt + STAGES - 1 < tiles:
-                issue(smem, x, w, (kt + STAGES - 1) % STAGES, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
-                k += BK
-                ci, kx, ky = advance_tap(ci, kx, ky, c_in, kw_)
-            cp_async_commit()
-            stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
-        wait_all()
+        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, b_row, geo), (k, i32(ci), i32(kx), i32(ky)), warp_m, warp_n,
+                  acc)
         cuda.syncthreads()
         for ni in range(NI):
             for j in range(2):
@@ -227,7 +209,8 @@ def make_conv_forward(tile, epilogue, any_channels=False):
 def _declare(tile, epilogue, any_channels=False):
     pyfunc, signature = make_conv_forward(tile, epilogue, any_channels)
     name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
-    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature)(pyfunc)
+    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature,
+                      pipeline_bytes(tile, a_trans=False, b_trans=False))(pyfunc)
 
 
 FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}

@@ -15,11 +15,12 @@ from numba import cuda
 
 from . import _conv
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16, cp_async_commit, cp_async_wait
+from ._mma import cp_async_16
 from ._mma_conv import advance_tap
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, k_contiguous_bytes, kc_offset,
-                         make_warp_step, mma_kernel, mn_contiguous_bytes)
-from ._registry import H1, ZERO, flat, nbt
+from ._dynamic_smem import SMALLEST_MAX_SHARED
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
+                         pipeline_bytes, shared_array_words, stage_layout)
+from ._registry import H1, flat, nbt
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 _FAR = -(1 << 24)
@@ -41,13 +42,9 @@ def make_dgrad(tile):
     B_RPP = T // B_CPR
     B_LOADS = math.ceil(BK / B_RPP)
     B_ROW = (BN + CHUNK) * 2
-    A_STAGE, B_STAGE = k_contiguous_bytes(BM), mn_contiguous_bytes(BN)
-    B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=False, b_trans=True)
+    SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=False, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    fragment_offsets, warp_step = make_warp_step(tile, a_trans=False, b_trans=True)
-    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
-    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
     def issue(smem, dy, w, stage, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty, k0, gemm_k, ph, pw, geo):
@@ -70,11 +67,21 @@ def make_dgrad(tile):
                 src = (((bco[i] * kh_ + ph + s * bty[i]) * kw_ + pw + s * btx[i]) * c_in + n) if valid else i32(0)
                 cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, w, src, valid)
 
+    @cuda.jit(device=True)
+    def issue_next(smem, stage, operands, state):
+        dy, w, a_base, a_h, a_w, bco, btx, bty, gemm_k, ph, pw, tw_, geo = operands
+        k, k0, co, tx, ty = state
+        issue(smem, dy, w, stage, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty, k0, gemm_k, ph, pw, geo)
+        co, tx, ty = advance_tap(co, tx, ty, geo[9], tw_)
+        for i in range(B_LOADS):
+            bco[i], btx[i], bty[i] = advance_tap(bco[i], btx[i], bty[i], geo[9], tw_)
+        return i32(k + BK), i32(k0 + BK), i32(co), i32(tx), i32(ty)
+
+    main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next)
+
     def conv2d_backward_data(dy, w, dx, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
-        a_off = cuda.local.array((KK, MI), nbt.int32)
-        b_off = cuda.local.array((KK, NJ), nbt.int32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
@@ -90,7 +97,6 @@ def make_dgrad(tile):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
-        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         if m0 >= gemm_m:
             return
@@ -103,10 +109,6 @@ def make_dgrad(tile):
                 a_base[i] = ((b * oh_ + a_h[i]) * ow_ + a_w[i]) * c_out
             else:
                 a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
-        for mi in range(MI):
-            for ni in range(NI):
-                for r in range(4):
-                    acc[mi, ni, r] = ZERO
         tiles = (gemm_k + BK - 1) // BK
         k = i32((tid & 3) * CHUNK)
         co, tx, ty = k, i32(0), i32(0)
@@ -122,30 +124,8 @@ def make_dgrad(tile):
                 q = tid // B_CPR + i * B_RPP
                 bco[i], t = q % c_out, q // c_out
                 btx[i], bty[i] = t % tw_, t // tw_
-        for stage in range(STAGES - 1):
-            if stage < tiles:
-                issue(smem, dy, w, stage, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty, k0, gemm_k, ph, pw, geo)
-                k += BK
-                k0 += BK
-                co, tx, ty = advance_tap(co, tx, ty, c_out, tw_)
-                for i in range(B_LOADS):
-                    bco[i], btx[i], bty[i] = advance_tap(bco[i], btx[i], bty[i], c_out, tw_)
-            cp_async_commit()
-        for kt in range(tiles):
-            wait_stage()
-            cuda.syncthreads()
-            if kt + STAGES - 1 < tiles:
-                issue(smem, dy, w, (kt + STAGES - 1) % STAGES, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty,
-                      k0, gemm_k, ph, pw, geo)
-                k += BK
-                k0 += BK
-                co, tx, ty = advance_tap(co, tx, ty, c_out, tw_)
-                for i in range(B_LOADS):
-                    bco[i], btx[i], bty[i] = advance_tap(bco[i], btx[i], bty[i], c_out, tw_)
-            cp_async_commit()
-            stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
-        wait_all()
+        main_loop(smem, tiles, (dy, w, a_base, a_h, a_w, bco, btx, bty, gemm_k, ph, pw, tw_, geo),
+                  (k, k0, i32(co), i32(tx), i32(ty)), warp_m, warp_n, acc)
         pixel = cuda.local.array((MI, 2), nbt.int32)   # the divisions stay out of the unrolled stores
         for mi in range(MI):
             for half in range(2):
@@ -172,10 +152,10 @@ def make_dgrad(tile):
     return conv2d_backward_data
 
 
-DGRAD_SHARED_LIMIT = 48 * 1024
-DGRAD_TILES = tuple(t for t in TILES
-                    if STAGES * (k_contiguous_bytes(t.bm) + mn_contiguous_bytes(t.bn)) <= DGRAD_SHARED_LIMIT)
-DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, CONV_GEOMETRY))(make_dgrad(tile))
+# every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
+DGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=False, b_trans=True) <= SMALLEST_MAX_SHARED)
+DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, CONV_GEOMETRY),
+                          pipeline_bytes(tile, a_trans=False, b_trans=True))(make_dgrad(tile))
          for tile in DGRAD_TILES}
 
 

@@ -11,12 +11,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._dynamic_smem import MAX_SHARED_PER_BLOCK, STATIC_SHARED_LIMIT
 from ._mma import CP_ASYNC_PTX, LDMATRIX_PTX, LDMATRIX_TRANS_PTX, MMA_PTX
 
 TENSOR_CORE_OPCODES = {"mma": MMA_PTX, "ldmatrix": LDMATRIX_PTX, "ldmatrix_trans": LDMATRIX_TRANS_PTX,
                        "cp_async": CP_ASYNC_PTX}
-SM90_MAX_SHARED_PER_BLOCK = 227 * 1024   # bytes, with the opt-in attribute; 48 KB without
-STATIC_SHARED_LIMIT = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +25,12 @@ class PtxasInfo:
     spill_loads: int
     stack_bytes: int
     shared_bytes: int
+
+
+def shared_fits(static_bytes, dynamic_bytes, cc):
+    """Whether a block's static (``ptxas -v``) + dynamic shared memory fits ``sm_<cc>``: the static part within
+    48 KB, the sum within the architecture's opt-in maximum per block."""
+    return static_bytes <= STATIC_SHARED_LIMIT and static_bytes + dynamic_bytes <= MAX_SHARED_PER_BLOCK[cc]
 
 
 def ptxas_available():

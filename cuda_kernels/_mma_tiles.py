@@ -12,6 +12,10 @@ Shared memory, one float32 array reused by the epilogue; per stage an A then a B
 - MN-contiguous operand (rows = k, ``width`` fp16 of m or n per row, read with ``.trans``):
   rows padded by 16 bytes; ``(width + 8) / 8`` is odd for every width here, so 8
   consecutive rows hit 8 distinct bank groups.
+
+A pipeline of at most 48 KB is a static shared array; a larger one (128x128 with a padded
+``.trans`` operand: 49.5 KB for the input gradient, 51 KB for the weight gradient) is dynamic
+shared memory, its kernel registered with ``dynamic_shared_bytes`` (``_dynamic_smem``).
 """
 import inspect
 import math
@@ -19,8 +23,9 @@ from dataclasses import dataclass
 
 from numba import cuda
 
-from ._mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
-from ._registry import SIMULATOR, KernelSpec, nbt
+from ._dynamic_smem import STATIC_SHARED_LIMIT
+from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
+from ._registry import SIMULATOR, ZERO, KernelSpec, nbt
 
 BK = 32
 STAGES = 3
@@ -100,6 +105,30 @@ def mn_contiguous_bytes(width):
     return BK * (width + CHUNK) * 2
 
 
+def stage_layout(tile, a_trans, b_trans):
+    """``(a_stage, b_stage, b_base)`` bytes: one stage's A and B tiles, and where the B stages start (after the
+    ``STAGES`` A tiles); ``*_trans``: that operand MN-contiguous (padded rows)."""
+    a = mn_contiguous_bytes(tile.bm) if a_trans else k_contiguous_bytes(tile.bm)
+    b = mn_contiguous_bytes(tile.bn) if b_trans else k_contiguous_bytes(tile.bn)
+    return a, b, STAGES * a
+
+
+def pipeline_bytes(tile, a_trans, b_trans):
+    """Shared bytes of ``tile``'s ``STAGES``-deep pipeline (``stage_layout``'s stages)."""
+    a_stage, b_stage, _ = stage_layout(tile, a_trans, b_trans)
+    return STAGES * (a_stage + b_stage)
+
+
+def dynamic_shared_bytes(nbytes):
+    """The dynamic shared memory a pipeline of ``nbytes`` is launched with: 0 when it fits a static array."""
+    return 0 if nbytes <= STATIC_SHARED_LIMIT else nbytes
+
+
+def shared_array_words(nbytes):
+    """The ``cuda.shared.array`` length (float32 words) of a pipeline of ``nbytes``: 0 (dynamic) above 48 KB."""
+    return 0 if dynamic_shared_bytes(nbytes) else nbytes // 4
+
+
 @cuda.jit(device=True)
 def kc_offset(row, chunk):
     """Byte offset of 16-byte ``chunk`` of ``row`` in a swizzled K-contiguous tile."""
@@ -164,17 +193,64 @@ def make_warp_step(tile, a_trans, b_trans):
     return fragment_offsets, warp_step
 
 
+def make_pipeline(tile, a_trans, b_trans, issue_next):
+    """The ``STAGES``-deep ``cp.async`` main loop the forward, input- and weight-gradient kernels share:
+
+        prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
+        iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
+                      issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
+
+    ``issue_next(smem, stage, operands, state) -> state`` stages the kernel's next k-tile into ``stage``
+    (its A tile at byte ``stage * a_stage``, its B tile at ``b_base + stage * b_stage``, the layout
+    ``stage_layout`` gives) and returns ``state`` advanced by ``BK``: two tuples of the kernel's choosing,
+    ``operands`` fixed (arrays: kept out of the loop-carried state, LLVM then keeps the per-thread
+    coordinate arrays in registers), ``state`` scalars of unchanging types.
+    ``main_loop(smem, tiles, operands, state, warp_m, warp_n, acc)`` zeroes the warp's fp32 accumulators
+    ``acc[mi, ni, 4]``, runs ``tiles`` k-tiles and returns with every copy landed (an epilogue that
+    reuses ``smem`` syncs the block first)."""
+    MI, NI, NJ, KK = tile.mi, tile.ni, tile.ni // 2, BK // 16   # NJ: x4 B loads per k16 step
+    A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans, b_trans)
+    fragment_offsets, warp_step = make_warp_step(tile, a_trans, b_trans)
+    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
+
+    @cuda.jit(device=True)
+    def main_loop(smem, tiles, operands, state, warp_m, warp_n, acc):
+        a_off = cuda.local.array((KK, MI), nbt.int32)
+        b_off = cuda.local.array((KK, NJ), nbt.int32)
+        fragment_offsets(warp_m, warp_n, a_off, b_off)
+        for mi in range(MI):
+            for ni in range(NI):
+                for r in range(4):
+                    acc[mi, ni, r] = ZERO
+        for stage in range(STAGES - 1):
+            if stage < tiles:
+                state = issue_next(smem, stage, operands, state)
+            cp_async_commit()
+        for kt in range(tiles):
+            wait_stage()
+            cuda.syncthreads()
+            if kt + STAGES - 1 < tiles:
+                state = issue_next(smem, (kt + STAGES - 1) % STAGES, operands, state)
+            cp_async_commit()
+            stage = kt % STAGES
+            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
+        wait_all()
+    return main_loop
+
+
 # The tensor-core kernels' own table (``_registry.KERNELS`` holds the SIMT reference set, whose
 # simulator tests require every row launched; most tiles here only run on a GPU).
 MMA_KERNELS = {}
 
 
-def mma_kernel(name, signature):
-    """Like ``_registry.kernel``, into ``MMA_KERNELS``."""
+def mma_kernel(name, signature, shared_bytes=0):
+    """Like ``_registry.kernel``, into ``MMA_KERNELS``; ``shared_bytes``: its pipeline's, launched as dynamic
+    shared memory above 48 KB (the kernel declares ``shared_array_words(shared_bytes)``)."""
     def declare(pyfunc):
         if name in MMA_KERNELS:
             raise ValueError(f"mma_kernel: duplicate kernel name {name!r}")
-        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters))
+        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
+                          dynamic_shared_bytes(shared_bytes))
         MMA_KERNELS[name] = spec
         return spec
     return declare

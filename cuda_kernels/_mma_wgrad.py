@@ -15,10 +15,11 @@ from numba import cuda
 from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16, cp_async_commit, cp_async_wait
+from ._mma import cp_async_16
 from ._mma_conv import store_chunk
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, STAGES, TILES, choose_tile, make_warp_step, mma_kernel,
-                         mn_contiguous_bytes)
+from ._dynamic_smem import SMALLEST_MAX_SHARED
+from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
+                         shared_array_words, stage_layout)
 from ._registry import F1, H1, ZERO, flat, nbt
 
 f16, i32 = nbt.float16, nbt.int32
@@ -45,13 +46,9 @@ def make_wgrad(tile, any_channels=False):
     A_RPP, B_RPP = T // A_CPR, T // B_CPR              # rows one pass of the block stages
     A_LOADS, B_LOADS = math.ceil(BK / A_RPP), math.ceil(BK / B_RPP)
     A_ROW, B_ROW = (BM + CHUNK) * 2, (BN + CHUNK) * 2
-    A_STAGE, B_STAGE = mn_contiguous_bytes(BM), mn_contiguous_bytes(BN)
-    B_BASE = STAGES * A_STAGE
-    SMEM_WORDS = STAGES * (A_STAGE + B_STAGE) // 4
+    A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=True, b_trans=True)
+    SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=True, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    fragment_offsets, warp_step = make_warp_step(tile, a_trans=True, b_trans=True)
-    KK, NJ = BK // 16, tile.ni // 2   # k16 steps per slice, x4 B loads per step
-    wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
     def issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
@@ -79,11 +76,19 @@ def make_wgrad(tile, any_channels=False):
                 cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, x,
                             ((pb[i] * h_ + hh) * w_ + ww) * c_in + ci if valid else i32(0), valid)
 
+    @cuda.jit(device=True)
+    def issue_next(smem, stage, operands, p0):
+        dy, x, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo = operands
+        issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
+        for i in range(B_LOADS):
+            pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], geo[7], geo[8])
+        return i32(p0 + BK)
+
+    main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next)
+
     def conv2d_backward_weight(dy, x, dw, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
-        a_off = cuda.local.array((KK, MI), nbt.int32)
-        b_off = cuda.local.array((KK, NJ), nbt.int32)
         pb = cuda.local.array(B_LOADS, nbt.int32)
         poh = cuda.local.array(B_LOADS, nbt.int32)
         pow_ = cuda.local.array(B_LOADS, nbt.int32)
@@ -95,7 +100,6 @@ def make_wgrad(tile, any_channels=False):
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
-        fragment_offsets(warp_m, warp_n, a_off, b_off)
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
         p0 = i32(cuda.blockIdx.z * chunk)
         p_end = min(pixels, p0 + chunk)
@@ -112,31 +116,9 @@ def make_wgrad(tile, any_channels=False):
             q = p0 + tid // B_CPR + i * B_RPP
             pow_[i], t = q % ow_, q // ow_
             poh[i], pb[i] = t % oh_, t // oh_
-        for mi in range(MI):
-            for ni in range(NI):
-                for r in range(4):
-                    acc[mi, ni, r] = ZERO
         tiles = (p_end - p0 + BK - 1) // BK
-        for stage in range(STAGES - 1):
-            if stage < tiles:
-                issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
-                p0 += BK
-                for i in range(B_LOADS):
-                    pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], oh_, ow_)
-            cp_async_commit()
-        for kt in range(tiles):
-            wait_stage()
-            cuda.syncthreads()
-            if kt + STAGES - 1 < tiles:
-                issue(smem, dy, x, (kt + STAGES - 1) % STAGES, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw,
-                      tci, geo)
-                p0 += BK
-                for i in range(B_LOADS):
-                    pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], oh_, ow_)
-            cp_async_commit()
-            stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
-        wait_all()
+        main_loop(smem, tiles, (dy, x, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo), p0, warp_m,
+                  warp_n, acc)
         for mi in range(MI):
             for ni in range(NI):
                 for r in range(4):
@@ -147,12 +129,11 @@ def make_wgrad(tile, any_channels=False):
     return conv2d_backward_weight
 
 
-WGRAD_SHARED_LIMIT = 48 * 1024
-WGRAD_TILES = tuple(t for t in TILES
-                    if STAGES * (mn_contiguous_bytes(t.bm) + mn_contiguous_bytes(t.bn)) <= WGRAD_SHARED_LIMIT)
+# every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
+WGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=True, b_trans=True) <= SMALLEST_MAX_SHARED)
 WGRAD = {(tile, any_channels): mma_kernel(
     f"mma_conv2d_backward_weight{'_any_channels' if any_channels else ''}_{tile.name}",
-    (H1, H1, F1, CONV_GEOMETRY))(make_wgrad(tile, any_channels))
+    (H1, H1, F1, CONV_GEOMETRY), pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile, any_channels))
     for tile in WGRAD_TILES for any_channels in (False, True)}
 
 

@@ -74,6 +74,7 @@ class KernelSpec:
     kernel: object      # the ``cuda.jit`` dispatcher (lazy; compiled on first launch)
     signature: tuple    # numba types, one per argument
     argnames: tuple
+    dynamic_shared_bytes: int = 0   # launched with this much dynamic shared memory (``_dynamic_smem``)
 
     def compile(self):
         """Compile for ``signature`` now (before graph capture); no-op in the simulator.

@@ -16,6 +16,7 @@ transfers around the graph launch, on the same stream.
 """
 from dataclasses import dataclass
 
+from ._dynamic_smem import raise_shared_limit
 from ._registry import check_args
 
 
@@ -32,7 +33,10 @@ class Launch:
         return self.spec.name
 
     def run(self, stream):
-        self.spec.kernel[self.grid, self.block, stream](*self.args)
+        shared = self.spec.dynamic_shared_bytes
+        if shared:   # once per compiled kernel: a step's eager warm-up does it before any graph capture
+            raise_shared_limit(self.spec)
+        self.spec.kernel[self.grid, self.block, stream, shared](*self.args)
 
 
 class LaunchTape:

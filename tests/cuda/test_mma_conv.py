@@ -3,7 +3,9 @@
 Same conventions as test_kernels.py (fp16 inputs, float64 spec on those values, its
 tolerances). Shapes are tiny: the simulator runs ~10k threads/s and every mma / ldmatrix
 twin is two block barriers. The simulator tile is 32x16 (two warps); one row per kernel
-also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it covers.
+also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it covers, and the
+gradients run the 128x128 tile (8 warps; its pipeline in dynamic shared memory, above 48 KB: a
+launch without the byte count fails) on a few cases (~5 s per k-tile and block here).
 """
 import zlib
 
@@ -13,7 +15,7 @@ from numba import cuda
 
 from planner import reference as ref
 from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
-from cuda_kernels._mma_tiles import SIM_TILE, MmaTile
+from cuda_kernels._mma_tiles import GPU_TILES, SIM_TILE, MmaTile
 from cuda_kernels._tape import LaunchTape
 
 TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5)}   # test_kernels.py's
@@ -52,6 +54,7 @@ def check(label, got, expected, tol):
                                err_msg=label)
 
 GPU_TILE_64 = MmaTile(64, 64, 2, 2)
+WIDE_TILE = GPU_TILES[0]   # 128x128, 8 warps of 64x32
 # (N, H, W, Cin, Cout, k, stride, pad): partial tiles in M (pixels % 32), N (Cout % 16) and K (% 32)
 FORWARD_CASES = {
     "3x3-c8-partial-mnk": (1, 5, 5, 8, 12, 3, 1, 1),     # M 25, N 12, K 72: three k-tiles, all partial edges
@@ -104,8 +107,8 @@ WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
 }
 
 
-def _wgrad(rng, config, tile=None):
-    n, h, w_, cin, cout, k, s, p = WGRAD_CASES[config]
+def _wgrad(rng, config, tile=None, cases=WGRAD_CASES):
+    n, h, w_, cin, cout, k, s, p = cases[config]
     x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
     y_shape = ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape
     dy = half(rng, y_shape)
@@ -124,6 +127,18 @@ def test_wgrad_on_a_gpu_tile():
     _wgrad(np.random.default_rng(4), "3x3-c8-cout16", tile=GPU_TILE_64)
 
 
+WIDE_WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
+    "1x1-81-pixels": (1, 9, 9, 8, 8, 1, 1, 0),     # three k-tiles of pixels, the last partial; M 8, N 8
+    "3x3-s2-c8": (1, 5, 5, 8, 16, 3, 2, 1),        # 9 pixels: one k-tile, shorter than the pipeline; N 72
+    "3x3-s2-c3-stem": (1, 4, 4, 3, 8, 3, 2, 1),    # any channel count (scalar staging); N 27
+}
+
+
+@pytest.mark.parametrize("config", sorted(WIDE_WGRAD_CASES))
+def test_wgrad_on_the_wide_tile(config):
+    _wgrad(np.random.default_rng(13), config, tile=WIDE_TILE, cases=WIDE_WGRAD_CASES)
+
+
 # ---- input gradient ---------------------------------------------------------------------------------------------
 DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
     "3x3-s1-p1": (1, 5, 6, 8, 16, 3, 1, 1, False),           # 30 pixels: partial M, K 144
@@ -133,8 +148,8 @@ DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
 }
 
 
-def _dgrad(rng, config, tile=None):
-    n, h, w_, cin, cout, k, s, p, accumulate = DGRAD_CASES[config]
+def _dgrad(rng, config, tile=None, cases=DGRAD_CASES):
+    n, h, w_, cin, cout, k, s, p, accumulate = cases[config]
     x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
     dy = half(rng, ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape)
     dx0 = half(rng, x.shape)
@@ -151,6 +166,17 @@ def test_dgrad_matches_reference(request, config):
 
 def test_dgrad_on_a_gpu_tile():
     _dgrad(np.random.default_rng(5), "3x3-s2-p1-accumulate", tile=GPU_TILE_64)
+
+
+WIDE_DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
+    "3x3-s1-k72": (1, 4, 4, 16, 8, 3, 1, 1, False),         # K 72: three k-tiles, the last partial; M 16, N 16
+    "3x3-s2-accumulate": (1, 4, 4, 16, 8, 3, 2, 1, True),   # four phase classes, each K <= 32: one k-tile
+}
+
+
+@pytest.mark.parametrize("config", sorted(WIDE_DGRAD_CASES))
+def test_dgrad_on_the_wide_tile(config):
+    _dgrad(np.random.default_rng(12), config, tile=WIDE_TILE, cases=WIDE_DGRAD_CASES)
 
 
 # ---- fully connected (GapFc's fc too): the same engine through _mma_ops ---------------------------------------

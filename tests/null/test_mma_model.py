@@ -57,7 +57,8 @@ TILE_CHOICES = [  # (m, n, tiles, min_blocks, expected): no tile mostly padding,
     (2 * 14 * 14, 64, None, 132, "128x16x32"),        # no tile fills the GPU: the smallest (most blocks)
     (64, 576, WGRAD_TILES, 1, "64x64x32"),            # wgrad: Cout 64, no 128-row tile; splits fill the GPU
     (16, 16, WGRAD_TILES, 1, "128x16x32"),            # nothing fits: the least padded
-    (256 * 28 * 28, 512, DGRAD_TILES, 132, "128x64x32"),   # 128x128 needs more than 48 KB with .trans B
+    (256 * 28 * 28, 512, DGRAD_TILES, 132, "128x128x32"),  # 49.5 KB with .trans B: dynamic shared memory
+    (512, 4608, WGRAD_TILES, 1, "128x128x32"),             # wgrad of a 512-channel 3x3: 51 KB, dynamic
 ]
 
 

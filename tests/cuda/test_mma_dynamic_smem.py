@@ -1,0 +1,128 @@
+"""Tiles above 48 KB of shared memory (``_dynamic_smem``): the 128x128 input and weight gradients.
+
+Which kernels take dynamic shared memory; the launch path passing the byte count and raising the
+kernel's limit once (handle and driver call replaced by stand-ins that record them: the simulator has
+neither); the driver call itself on stand-in handles; the static + dynamic bytes check. The kernels run
+against the numpy spec in test_mma_conv.py, and assemble within the limits in test_ptx.py.
+"""
+import pytest
+from cuda.bindings import driver
+
+from cuda_kernels import _dynamic_smem, _mma_dgrad, _mma_wgrad
+from cuda_kernels._mma_static import MAX_SHARED_PER_BLOCK, shared_fits
+from cuda_kernels._mma_tiles import GPU_TILES, MMA_KERNELS, pipeline_bytes
+from cuda_kernels._registry import SIMULATOR, KernelSpec
+from cuda_kernels._tape import Launch
+
+WIDE = GPU_TILES[0]   # 128x128, 8 warps (its kernels against the spec: test_mma_conv.py)
+
+
+def _stand_in_handle(spec):
+    return driver.CUkernel(len(spec.name)), 0
+
+
+@pytest.fixture
+def stand_in_driver(monkeypatch):
+    """``raise_shared_limit``'s handle and driver call replaced: ``[(handle, device, bytes, kernel name)]``."""
+    calls = []
+    monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
+    monkeypatch.setattr(_dynamic_smem, "loaded_handle", _stand_in_handle)
+    monkeypatch.setattr(_dynamic_smem, "set_max_dynamic_shared", lambda *call: calls.append(call))
+    return calls
+
+
+def test_the_wide_backward_tiles_take_dynamic_shared_memory_and_the_forward_does_not():
+    dgrad, wgrad = _mma_dgrad.DGRAD[WIDE], _mma_wgrad.WGRAD[WIDE, False]
+    assert WIDE in _mma_dgrad.DGRAD_TILES and WIDE in _mma_wgrad.WGRAD_TILES
+    assert dgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, False, True) == 3 * (128 * 64 + 32 * 136 * 2) == 50688
+    assert wgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, True, True) == 52224
+    assert MMA_KERNELS[f"mma_conv2d_forward_{WIDE.name}"].dynamic_shared_bytes == 0   # exactly 48 KB: static
+    dynamic = {name for name, spec in MMA_KERNELS.items() if spec.dynamic_shared_bytes}
+    assert dynamic == {dgrad.name, wgrad.name, _mma_wgrad.WGRAD[WIDE, True].name}
+
+
+def test_the_wide_kernels_raise_their_own_byte_count(stand_in_driver):
+    for spec in (_mma_dgrad.DGRAD[WIDE], _mma_wgrad.WGRAD[WIDE, False], _mma_wgrad.WGRAD[WIDE, True]):
+        assert _dynamic_smem.raise_shared_limit(spec) and not _dynamic_smem.raise_shared_limit(spec)
+    assert [call[2:] for call in stand_in_driver] == [(50688, _mma_dgrad.DGRAD[WIDE].name),
+                                                      (52224, _mma_wgrad.WGRAD[WIDE, False].name),
+                                                      (52224, _mma_wgrad.WGRAD[WIDE, True].name)]
+
+
+# ---- the launch path, on a stand-in kernel (records its launch configuration) ------------------------------------
+class _Configurations:
+    def __init__(self):
+        self.seen = []
+
+    def __getitem__(self, configuration):
+        self.seen.append(configuration)
+        return lambda *args: None
+
+
+def _spec(nbytes):
+    return KernelSpec("stand_in", None, _Configurations(), (), (), nbytes)
+
+
+def test_a_launch_passes_the_dynamic_bytes_and_raises_the_limit_once(stand_in_driver):
+    spec = _spec(60 * 1024)
+    for stream in ("s1", "s2"):
+        Launch(spec, (2, 1, 1), 256, ()).run(stream)
+    assert spec.kernel.seen == [((2, 1, 1), 256, "s1", 60 * 1024), ((2, 1, 1), 256, "s2", 60 * 1024)]
+    assert stand_in_driver == [(driver.CUkernel(len("stand_in")), 0, 60 * 1024, "stand_in")]
+
+
+@pytest.mark.parametrize("nbytes", [0, 48 * 1024], ids=["static", "dynamic-within-the-default"])
+def test_no_limit_is_raised_at_or_below_48_kb(stand_in_driver, nbytes):
+    spec = _spec(nbytes)
+    Launch(spec, (1, 1, 1), 32, ()).run(0)
+    assert spec.kernel.seen == [((1, 1, 1), 32, 0, nbytes)] and stand_in_driver == []
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="on a GPU a compiled kernel has a handle")
+def test_the_simulator_has_no_handle_and_raises_nothing():
+    assert _dynamic_smem.loaded_handle(_spec(60 * 1024)) is None
+    assert _dynamic_smem.raise_shared_limit(_spec(60 * 1024)) is False
+
+
+# ---- the driver call, on stand-in handles (cuda.bindings' functions replaced: no driver here) --------------------
+ATTRIBUTE = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+HANDLES = [  # (handle, the driver function that must be called, its expected arguments)
+    (driver.CUkernel(7), "cuKernelSetAttribute", (ATTRIBUTE, 52224, driver.CUkernel(7), 3)),
+    (driver.CUfunction(7), "cuFuncSetAttribute", (driver.CUfunction(7), ATTRIBUTE, 52224)),
+]
+
+
+@pytest.mark.parametrize("handle, function, expected", HANDLES, ids=["CUkernel", "CUfunction"])
+def test_the_attribute_is_set_through_the_handles_own_driver_call(monkeypatch, handle, function, expected):
+    calls = []
+    for name in ("cuKernelSetAttribute", "cuFuncSetAttribute"):
+        monkeypatch.setattr(driver, name, lambda *args, name=name: calls.append((name, args))
+                            or (driver.CUresult.CUDA_SUCCESS,))
+    _dynamic_smem.set_max_dynamic_shared(handle, 3, 52224, "k")
+    assert calls == [(function, expected)]
+
+
+def test_a_refused_attribute_and_an_unknown_handle_say_what_to_do(monkeypatch):
+    monkeypatch.setattr(driver, "cuKernelSetAttribute", lambda *args: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
+    with pytest.raises(RuntimeError, match=r"k: cuKernelSetAttribute\(MAX_DYNAMIC_SHARED_SIZE_BYTES, 300000\) on "
+                                           r"device 0 failed .*give the kernel a smaller tile"):
+        _dynamic_smem.set_max_dynamic_shared(driver.CUkernel(1), 0, 300000, "k")
+    with pytest.raises(TypeError, match="k: expected a CUkernel or CUfunction handle from numba-cuda, got int"):
+        _dynamic_smem.set_max_dynamic_shared(1, 0, 52224, "k")
+
+
+# ---- the static check of the PTX tier and gpu_check --static: static + dynamic bytes per architecture -----------
+SHARED_FITS = [  # (static bytes, dynamic bytes, cc, fits)
+    (48 * 1024, 0, (9, 0), True),
+    (48 * 1024 + 16, 0, (9, 0), False),          # static shared memory stops at 48 KB, whatever the attribute
+    (0, 52224, (8, 0), True),
+    (1024, 227 * 1024 - 1024, (9, 0), True),
+    (1024, 227 * 1024 - 1024, (8, 0), False),    # sm_80 opts in to 163 KB per block
+    (0, 227 * 1024 + 16, (9, 0), False),
+]
+
+
+@pytest.mark.parametrize("static, dynamic, cc, fits", SHARED_FITS)
+def test_shared_fits_counts_static_and_dynamic_bytes_against_the_architecture(static, dynamic, cc, fits):
+    assert shared_fits(static, dynamic, cc) is fits
+    assert MAX_SHARED_PER_BLOCK == {(8, 0): 163 * 1024, (9, 0): 227 * 1024}
