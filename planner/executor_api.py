@@ -79,7 +79,15 @@ class FinishedStep(NamedTuple):
         return self.loss, self.correct
 
 
+def keep_local_gradients(executor, launcher=None) -> None:
+    """The gradient reduction of a single process: the gradients are already the batch's."""
+
+
 class ExecutorBase:
+    #: Called between the last backward op and the optimizer (`_reduce_gradients`); a data-parallel
+    #: replica (`blueprint.distributed`) replaces it with the all-reduce over its gradient region.
+    gradient_reduction = staticmethod(keep_local_gradients)
+
     def __init__(self, plan, loss, optimizer, seed: int):
         from blueprint.optim import SGD, CrossEntropyLoss
 
@@ -103,6 +111,11 @@ class ExecutorBase:
         raise NotImplementedError
 
     # ---- steps -----------------------------------------------------------------------------------------
+    def _reduce_gradients(self, launcher=None) -> None:
+        """Between the last backward op and the optimizer: on the CPU path at run time, on the CUDA path
+        while recording the step (``launcher``: the launch tape)."""
+        self.gradient_reduction(self, launcher)
+
     def submit_train_step(self, x: np.ndarray, y, lr: float) -> "FinishedStep":
         """Start one training step; ``.result()`` gives ``(loss, number correct)``. Here the step runs at
         once; an executor with a device stream overrides this to return before the device finishes."""

@@ -24,6 +24,8 @@ from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, Cr
                              keyword_construction)
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._console import Console
+from blueprint.task._replica_task import (check_replica_batch, check_world_size, epoch_sums, reduce_metrics,
+                                          replica_loaders, replica_samples, replicate, resumed_position)
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
@@ -113,6 +115,7 @@ class DeepLearningTask:
     callbacks: tuple = ()
     log_path: str | None = None
     checkpoint_path: str | None = None
+    distributed_config: object = None   # a blueprint.distributed.Distributed: this process's replica
     _session: list = field(default_factory=list, compare=False, repr=False)
 
     # ---- chained setters ------------------------------------------------------------------------------
@@ -203,6 +206,21 @@ class DeepLearningTask:
         """Save a checkpoint to `path` after every epoch, and when training is interrupted (Ctrl-C)."""
         return self._new(checkpoint_path=None if path is None else str(path))
 
+    def distributed(self, enabled: bool = True, sync_batchnorm: bool = False,
+                    timeout_s: float | None = None) -> "DeepLearningTask":
+        """Data-parallel training: this process is one replica of the run torchrun started (rank and
+        world size from its environment). ``batch_size`` stays the global batch (each rank trains on
+        ``batch_size / world_size`` samples of a disjoint shard); BN is per replica unless
+        ``sync_batchnorm``; a collective waiting longer than ``timeout_s`` seconds ends the run.
+
+        >>> task = DeepLearningTask().model(zoo.small_cnn()).distributed()   # doctest: +SKIP
+        """
+        from blueprint.distributed import DEFAULT_TIMEOUT_S, Distributed
+        if not _flag("distributed", enabled):
+            return self._new(distributed_config=None)
+        return self._new(distributed_config=Distributed.from_environment(
+            DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, _flag("distributed", sync_batchnorm)))
+
     def _new(self, **changes) -> "DeepLearningTask":
         """The changed value. A trained (or resumed) session carries over when the change leaves what
         it was compiled for alone; a change that would drop trained weights is refused."""
@@ -223,7 +241,8 @@ class DeepLearningTask:
         """Everything the compiled plan and the executor depend on."""
         return {"model": self.blueprint_value, "loss": self.loss_config, "optimizer": self.optimizer_config,
                 "device": self.device_name, "amp": self.use_amp, "fuse": self.use_fuse, "seed": self.seed_value,
-                "compiled shapes": self._variants() if self.train_set is not None else None}
+                "compiled shapes": self._variants() if self.train_set is not None else None,
+                "data-parallel replica": self.distributed_config}
 
     # ---- derived settings -------------------------------------------------------------------------------
     @property
@@ -240,6 +259,11 @@ class DeepLearningTask:
         return self.optimizer_config.learning_rate if own is None else own
 
     @property
+    def _writes(self) -> bool:
+        """Whether this process writes the console, log, checkpoints (rank 0 of a data-parallel run)."""
+        return self.distributed_config is None or self.distributed_config.is_writer
+
+    @property
     def history(self) -> list[EpochRecord]:
         return list(self._session[0].history) if self._session else []
 
@@ -254,6 +278,8 @@ class DeepLearningTask:
         if self.val_set is not None and self.val_set.sample_shape != self.train_set.sample_shape:
             raise ConfigError(f"train samples are {self.train_set.sample_shape} (H, W, C) but val samples are "
                               f"{self.val_set.sample_shape}; both sets must have one shape")
+        if self.distributed_config is not None:
+            check_replica_batch(self.distributed_config, self.batch, len(self.train_set), self.drop_last_batch)
         if self.drop_last_batch and len(self.train_set) < self.batch:
             raise ConfigError(f"drop_last with batch_size={self.batch} would drop every one of the "
                               f"{len(self.train_set)} training samples; lower the batch size")
@@ -269,10 +295,10 @@ class DeepLearningTask:
     # ---- compiling and running ------------------------------------------------------------------------------
     def _variants(self) -> dict[str, tuple]:
         h, w, c = self.train_set.sample_shape
-        n = len(self.train_set)
-        variants = {"train": (min(self.batch, n), h, w, c)}
-        if not self.drop_last_batch and n > self.batch and n % self.batch:
-            variants["train_last"] = (n % self.batch, h, w, c)
+        n, batch = replica_samples(self.distributed_config, len(self.train_set), self.batch, self.drop_last_batch)
+        variants = {"train": (min(batch, n), h, w, c)}
+        if not self.drop_last_batch and n > batch and n % batch:
+            variants["train_last"] = (n % batch, h, w, c)
         eval_batch = self.eval_batch or self.batch
         variants["eval"] = (eval_batch, h, w, c)
         if self.val_set is not None and len(self.val_set) % eval_batch and len(self.val_set) > eval_batch:
@@ -303,9 +329,11 @@ class DeepLearningTask:
                 from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
             except ImportError as error:
                 raise ConfigError(f"device('cuda') needs numba-cuda: pip install 'blueprint-nn[cuda]' ({error})") from error
-            return CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
-        from cpu_ref import CpuExecutor
-        return CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+            executor = CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+        else:
+            from cpu_ref import CpuExecutor
+            executor = CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+        return executor if self.distributed_config is None else replicate(executor, self.distributed_config)
 
     def _loaders(self):
         if self.normalisation == "auto":
@@ -325,6 +353,8 @@ class DeepLearningTask:
         if self.val_set is not None:
             val = DataLoader(self.val_set, self.eval_batch or self.batch, shuffle=False, seed=self.seed_value,
                              mean=mean, std=std)
+        if self.distributed_config is not None:
+            train, val = replica_loaders(self.distributed_config, train, val)
         return train, val, (mean, std)
 
     def session(self) -> _Session:
@@ -359,12 +389,12 @@ class DeepLearningTask:
             try:
                 return self._fit(session, interrupt)
             except KeyboardInterrupt:
-                if self.checkpoint_path and not interrupt.stepping and session.holds_training:
+                if self.checkpoint_path and self._writes and not interrupt.stepping and session.holds_training:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
 
     def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
-        with Console(self.show_progress) as console:
+        with Console(self.show_progress and self._writes) as console:
             return self._fit_epochs(session, interrupt, console)
 
     def _fit_epochs(self, session, interrupt: DeferredInterrupt, console: Console) -> list[EpochRecord]:
@@ -382,14 +412,18 @@ class DeepLearningTask:
             finally:
                 console.close_bar()
             train_seconds = time.perf_counter() - start - console.epoch_compile_seconds()   # img/s without compiling
+            seen, correct, loss_sum = position.seen, position.correct, position.loss_sum
+            if self.distributed_config is not None:   # the epoch's sums over every replica; rank 0's BN statistics
+                seen, correct, loss_sum = epoch_sums(self.distributed_config, session.executor, position)
             val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
-            seen = position.seen
-            record = EpochRecord(epoch + 1, float(position.lr), position.loss_sum / seen, position.correct / seen,
+            record = EpochRecord(epoch + 1, float(position.lr), loss_sum / seen, correct / seen,
                                  val["loss"] if val else None, val["top1"] if val else None,
                                  val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
             session.history.append(record)
             console.epoch_done(record, self.epoch_count, steps, console.epoch_compile_seconds())
             session.epochs_done, session.position = epoch + 1, None
+            if not self._writes:   # rank 0 alone writes the log and checkpoints and runs the callbacks
+                continue
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps(record.as_dict()) + "\n")
@@ -450,7 +484,8 @@ class DeepLearningTask:
             labels.append(y)
             if interrupt is not None:
                 interrupt.check()
-        return classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
+        metrics = classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
+        return metrics if self.distributed_config is None else reduce_metrics(self.distributed_config, metrics)
 
     def _forward_padded(self, session, x: np.ndarray) -> np.ndarray:
         """Eval logits for any batch size: eval-mode layers act per sample, so a batch is split
@@ -502,6 +537,7 @@ class DeepLearningTask:
                  "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
                  "sample_shape": list(self.train_set.sample_shape), "input": self._input_spec().as_state(),
                  "position": None if position is None else position.as_state(),
+                 "world_size": 1 if self.distributed_config is None else self.distributed_config.world_size,
                  "history": [r.as_dict() for r in session.history]}
         path = Path(path)
         save_checkpoint(path, tensors, state)
@@ -543,6 +579,7 @@ class DeepLearningTask:
                               f"{state.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
         self.validate()
         self._check_resumable(path, state)
+        check_world_size(path, state.get("world_size", 1), self.distributed_config)
         session = self._session[0] if self._session else self._new_session()
         weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
         optimizer_state = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
@@ -552,6 +589,8 @@ class DeepLearningTask:
         history = _history(path, state.get("history"))
         position = Position.from_state(path, state.get("position"), epochs_done,
                                        self._loaders()[0].steps_per_epoch)
+        if position is not None and self.distributed_config is not None:
+            position = resumed_position(self.distributed_config, position)
         # everything checked: only now change the session
         session.executor.load_state_dict(weights)
         session.executor.load_optimizer_state(optimizer_state)
