@@ -199,3 +199,37 @@ def test_resuming_with_another_world_size_warns_that_it_is_not_bit_exact():
         check_world_size("c.safetensors", 2, Distributed(0, 2))
     with pytest.raises(ConfigError, match="world_size must be an int >= 1"):
         check_world_size("c.safetensors", "2", None)
+
+
+# ---- the command line ------------------------------------------------------------------------------------------------
+def test_blueprint_train_nproc_per_node_starts_the_workers_through_torchrun(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "blueprint", "train", "--nproc-per-node", "2", "--epochs", "1",
+                             "--out", str(out), "--json"], env=env, capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    metrics = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(metrics) == 1, result.stdout          # rank 0 alone prints
+    assert '"epochs": 1' in metrics[0]
+    history = (out / "history.jsonl").read_text().splitlines()
+    assert len(history) == 1 and (out / "checkpoint.safetensors").exists()
+    from blueprint.task._checkpoint import load_checkpoint
+    assert load_checkpoint(out / "checkpoint.safetensors")[1]["world_size"] == 2
+
+
+def test_the_workers_get_every_training_option_but_the_launch_options():
+    from blueprint._cli import build_parser
+    from blueprint._launch import launcher_arguments, worker_arguments
+    args = build_parser().parse_args(["train", "--epochs", "3", "--nproc-per-node", "2", "--sync-batchnorm",
+                                      "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--lr", "0.1"])
+    worker = worker_arguments(args.train_command, args)
+    assert worker[:1] == ["train"] and "--nproc-per-node" not in worker and "--rdzv-endpoint" not in worker
+    assert worker[worker.index("--epochs") + 1] == "3" and "--sync-batchnorm" in worker and "0.1" in worker
+    assert build_parser().parse_args(worker).epochs == 3     # the workers' command line parses back
+    launcher = launcher_arguments(args, worker)
+    assert launcher[:4] == ["--nproc-per-node", "2", "--nnodes", "2"] and "h:29400" in launcher
+    assert launcher[launcher.index("--module"):][:3] == ["--module", "blueprint", "train"]
