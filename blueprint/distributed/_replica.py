@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from blueprint._errors import ConfigError
 from blueprint.distributed._group import Distributed
 
 
@@ -31,6 +32,9 @@ def replica_seed(seed: int, rank: int) -> int:
 
 def replicate(executor, dist: Distributed):
     """Make ``executor`` one replica of the run ``dist`` describes (see the module's docstring)."""
+    if dist.sync_batchnorm and not hasattr(executor, "batchnorm_sums"):
+        raise ConfigError(f"sync_batchnorm=True runs on the CPU path; {type(executor).__name__}'s fused kernels "
+                          "keep per-replica BatchNorm statistics: train with sync_batchnorm=False on CUDA")
     dist.start()
     executor.gradient_reduction = _gradient_reduction(executor, dist)
     if dist.sync_batchnorm:

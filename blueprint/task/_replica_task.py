@@ -39,6 +39,13 @@ def replica_loaders(dist, train, val):
     return train, val
 
 
+def place_replica(dist) -> None:
+    """On the CUDA path, each replica of a machine takes its own GPU (LOCAL_RANK) before its arena exists."""
+    if dist is not None:
+        from cuda_kernels._collective import select_local_device
+        select_local_device()
+
+
 def replicate(executor, dist):
     from blueprint.distributed import replicate as make_replica
     return make_replica(executor, dist)

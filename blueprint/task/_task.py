@@ -24,8 +24,9 @@ from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, Cr
                              keyword_construction)
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._console import Console
-from blueprint.task._replica_task import (check_replica_batch, check_world_size, epoch_sums, reduce_metrics,
-                                          replica_loaders, replica_samples, replicate, resumed_position)
+from blueprint.task._replica_task import (check_replica_batch, check_world_size, epoch_sums, place_replica,
+                                          reduce_metrics, replica_loaders, replica_samples, replicate,
+                                          resumed_position)
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
@@ -329,6 +330,7 @@ class DeepLearningTask:
                 from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
             except ImportError as error:
                 raise ConfigError(f"device('cuda') needs numba-cuda: pip install 'blueprint-nn[cuda]' ({error})") from error
+            place_replica(self.distributed_config)   # a replica's own GPU (LOCAL_RANK), before the arena exists
             executor = CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
         else:
             from cpu_ref import CpuExecutor
