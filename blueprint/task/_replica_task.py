@@ -31,9 +31,11 @@ def replica_samples(dist, samples: int, batch: int, drop_last: bool) -> tuple[in
 
 
 def replica_loaders(dist, train, val):
-    """The train loader over this rank's shard (per-rank batch), the val loader over its share of the set."""
+    """The train loader over this rank's shard (per-rank batch), the val loader over its share of the set
+    (either may be None)."""
     from blueprint.distributed import shard
-    train = shard(train, dist.rank, dist.world_size, batch_size=train.batch_size // dist.world_size)
+    if train is not None:
+        train = shard(train, dist.rank, dist.world_size, batch_size=train.batch_size // dist.world_size)
     if val is not None:
         val = shard(val, dist.rank, dist.world_size, evaluation=True)
     return train, val

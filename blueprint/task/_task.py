@@ -513,6 +513,8 @@ class DeepLearningTask:
             raise ConfigError(f"evaluate(): the model was compiled for samples {self.train_set.sample_shape}, "
                               f"got {dataset.sample_shape}")
         loader = DataLoader(dataset, session.eval_batch, shuffle=False, seed=0, mean=mean, std=std)
+        if self.distributed_config is not None:   # each rank its share; the metrics are summed over the ranks
+            loader = replica_loaders(self.distributed_config, None, loader)[1]
         return self._evaluate_loader(session, loader)
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ FP32_MULTIPLE = 16.0                          # as tests/cpu/test_torch_parity.p
 FLOOR = 8 * float(np.finfo(np.float32).eps)
 LAUNCH_TIMEOUT_S = 150                        # a whole launch; a hang fails the test instead of CI
 WORKER_TIMEOUT_S = 20.0                       # the workers' collective timeout (ddp_worker.TIMEOUT_S)
+STALL_TIMEOUT_S = 4.0                         # ddp_worker.STALL_TIMEOUT_S
 
 
 def _free_port() -> int:
@@ -115,6 +116,11 @@ def test_resume_of_a_two_rank_run_is_bit_identical(trained):
     assert np.array_equal(trained["resume"][0]["straight/history"], trained["resume"][1]["straight/history"])
 
 
+def test_evaluate_on_every_rank_counts_each_sample_once(trained):
+    first, second = (saved["evaluate"] for saved in trained["resume"])
+    assert first[2] == 21 and np.array_equal(first, second)
+
+
 def test_a_rank_that_dies_stops_the_other_with_a_clear_error(tmp_path):
     survivor, killed = launch("killed", tmp_path)
     assert killed.returncode == 17, killed.stdout[-2000:]
@@ -122,6 +128,15 @@ def test_a_rank_that_dies_stops_the_other_with_a_clear_error(tmp_path):
     line = next(line for line in survivor.stdout.splitlines() if line.startswith("rank 0 stopped"))
     assert "DistributedError: rank 0 of 2: the gradient all-reduce of step 3 failed" in line, line
     assert float(line.split(" after ")[1].split(" s:")[0]) < WORKER_TIMEOUT_S + 10, line
+
+
+def test_a_rank_that_stops_answering_ends_the_other_after_the_collective_timeout(tmp_path):
+    survivor, stalled = launch("stalled", tmp_path)
+    line = next((line for line in survivor.stdout.splitlines() if line.startswith("rank 0 stopped")), None)
+    assert survivor.returncode == 3 and line is not None, survivor.stdout[-2000:]
+    assert "DistributedError: rank 0 of 2: the gradient all-reduce of step 3 failed" in line, line
+    seconds = float(line.split(" after ")[1].split(" s:")[0])
+    assert STALL_TIMEOUT_S <= seconds < STALL_TIMEOUT_S + 15, line
 
 
 def test_a_bad_input_on_one_rank_is_reported_there_and_stops_all(tmp_path):

@@ -17,6 +17,7 @@ Cases:
 - ``resume``: a 2-epoch run vs 1 epoch + resume from rank 0's checkpoint + 1 epoch: final state and
   history.
 - ``killed``: rank 1 dies (os._exit) at its third step; rank 0 reports the error it got.
+- ``stalled``: rank 1 stops answering (sleeps) at its third step; rank 0 reports the timeout.
 - ``bad_input``: rank 1's third batch holds a NaN; it reports its InputError, rank 0 its error.
 """
 import os
@@ -42,6 +43,7 @@ GLOBAL_BATCH = 6
 SMOOTHING = 0.1
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 TIMEOUT_S = 20.0
+STALL_TIMEOUT_S = 4.0     # case "stalled": the collective timeout rank 0 must stop within
 
 
 def optimizer():
@@ -213,6 +215,9 @@ def case_resume(rank, world, out_dir):
         for k, v in t.session().executor.state_dict().items():
             out[f"{label}/state/{k}"] = v
         out[f"{label}/history"] = np.array([[r.train_loss, r.train_accuracy, r.val_loss, r.val_accuracy] for r in h])
+    from blueprint.task.data import synthetic
+    metrics = resumed.evaluate(synthetic(21, (6, 6, 3), num_classes=4, draw=1))
+    out["evaluate"] = np.array([metrics["loss"], metrics["top1"], metrics["samples"]])
     np.savez(out_dir / f"resume-{rank}.npz", **out)
 
 
@@ -242,6 +247,22 @@ def case_killed(rank, world, out_dir):
     report(t, rank)
 
 
+def case_stalled(rank, world, out_dir):
+    _, _, t = fault_task()
+    t = t.distributed(timeout_s=STALL_TIMEOUT_S)
+    session = t.session()
+    if rank == 1:
+        submit = session.executor.submit_train_step
+
+        def stalls_at_third_step(*args):
+            if session.executor.step_count == 2:
+                time.sleep(STALL_TIMEOUT_S + 8)
+                os._exit(0)
+            return submit(*args)
+        session.executor.submit_train_step = stalls_at_third_step
+    report(t, rank)
+
+
 def case_bad_input(rank, world, out_dir):
     x, y, t = fault_task()
     loader = t._loaders()[0]
@@ -266,7 +287,7 @@ def case_train(rank, world, out_dir):
     case_resume(rank, world, out_dir)
 
 
-CASES = {"train": case_train, "killed": case_killed, "bad_input": case_bad_input}
+CASES = {"train": case_train, "killed": case_killed, "stalled": case_stalled, "bad_input": case_bad_input}
 
 if __name__ == "__main__":
     case, out_dir = sys.argv[1], Path(sys.argv[2])
