@@ -108,6 +108,9 @@ def run_train(args) -> int:
     if args.nproc_per_node is not None and not in_torchrun_worker():
         return launch_workers(args.train_command, args)
     if args.device == "cuda":
+        if in_torchrun_worker():   # this worker's GPU (LOCAL_RANK) becomes current before any CUDA call
+            from cuda_kernels._collective import select_local_device
+            select_local_device()
         _check_cuda()
     train, val, data_name = load_data(args.data)
     task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched

@@ -83,7 +83,8 @@ class NcclCollectives(_ReducingCollectives):
         try:
             from nccl.core import Communicator, NcclRedOp, UniqueId, get_unique_id
         except ImportError as error:
-            raise RuntimeError(f"data-parallel training on CUDA needs nccl4py: pip install 'nccl4py[cu13]' "
+            from blueprint._errors import ConfigError
+            raise ConfigError(f"data-parallel training on CUDA needs nccl4py: pip install 'nccl4py[cu13]' "
                                f"({error})") from error
         unique = np.frombuffer(get_unique_id().as_bytes(), np.uint8).copy() if dist.is_writer \
             else np.zeros(len(get_unique_id(empty=True).as_bytes()), np.uint8)

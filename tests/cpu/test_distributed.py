@@ -248,3 +248,12 @@ def test_the_workers_get_every_training_option_but_the_launch_options():
     launcher = launcher_arguments(args, worker)
     assert launcher[:4] == ["--nproc-per-node", "2", "--nnodes", "2"] and "h:29400" in launcher
     assert launcher[launcher.index("--module"):][:3] == ["--module", "blueprint", "train"]
+
+
+def test_sync_batchnorm_outside_a_data_parallel_run_is_refused_with_the_fix(monkeypatch, capsys, tmp_path):
+    from blueprint._cli import main
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["train", "--sync-batchnorm", "--epochs", "1", "--out", str(tmp_path / "run")]) == 2
+    assert "--sync-batchnorm applies to data-parallel runs: add --nproc-per-node N" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

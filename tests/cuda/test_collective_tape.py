@@ -90,3 +90,15 @@ def test_graph_capture_takes_collectives_among_kernels_but_still_refuses_a_trans
     _elementwise.activation_forward(tape, 0, x, y)
     with pytest.raises(ValueError, match=r"transfers \['input'\] sit between kernels"):
         tape.segments()
+
+
+def test_without_nccl4py_a_cuda_replica_names_what_to_install():
+    import importlib.util
+
+    from blueprint._errors import ConfigError
+    from blueprint.distributed import Distributed
+    from cuda_kernels._collective import NcclCollectives
+    if importlib.util.find_spec("nccl") is not None:
+        pytest.skip("nccl4py is installed here: the real communicator needs GPUs (gpu_check's data-parallel section)")
+    with pytest.raises(ConfigError, match=r"needs nccl4py: pip install 'nccl4py\[cu13\]'"):
+        NcclCollectives(Distributed(0, 1))
