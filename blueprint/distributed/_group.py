@@ -106,6 +106,12 @@ class Distributed:
                                 timeout=timedelta(seconds=self.timeout_s))
         atexit.register(_leave, dist)   # gloo aborts the interpreter's exit if its group is still up
 
+    def stop(self) -> None:
+        """Leave the process group: the other ranks' pending and next collectives fail at once (a closed
+        connection) instead of waiting for the timeout. Called when this rank's training fails."""
+        dist = torch_distributed()
+        _leave(dist)
+
     # ---- collectives on numpy memory (in place, zero copy) ---------------------------------------------------
     def all_reduce_sum(self, array: np.ndarray, what: str) -> np.ndarray:
         dist = torch_distributed()

@@ -6,6 +6,7 @@ functions taking None return the single-process answer.
 from __future__ import annotations
 
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace as _replace
 
 from blueprint._errors import ConfigError
@@ -67,6 +68,18 @@ def epoch_sums(dist, executor, position) -> tuple[int, int, float]:
 def reduce_metrics(dist, metrics: dict) -> dict:
     from blueprint.distributed._replica import reduce_metrics as reduce
     return reduce(dist, metrics)
+
+
+@contextmanager
+def stop_replicas_on_error(dist):
+    """A rank whose training fails (a bad input, Ctrl-C, a peer's failure) leaves the process group, so
+    every other rank stops at its next collective, even while this process lives on."""
+    try:
+        yield
+    except BaseException:
+        if dist is not None:
+            dist.stop()
+        raise
 
 
 def check_world_size(path, recorded, dist) -> None:

@@ -26,7 +26,7 @@ from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._console import Console
 from blueprint.task._replica_task import (check_replica_batch, check_world_size, epoch_sums, place_replica,
                                           reduce_metrics, replica_loaders, replica_samples, replicate,
-                                          resumed_position)
+                                          resumed_position, stop_replicas_on_error)
 from blueprint.task._position import DeferredInterrupt, Position, check_resumable, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
 
@@ -396,7 +396,7 @@ class DeepLearningTask:
                 raise
 
     def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
-        with Console(self.show_progress and self._writes) as console:
+        with Console(self.show_progress and self._writes) as console, stop_replicas_on_error(self.distributed_config):
             return self._fit_epochs(session, interrupt, console)
 
     def _fit_epochs(self, session, interrupt: DeferredInterrupt, console: Console) -> list[EpochRecord]:
