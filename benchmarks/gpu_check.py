@@ -19,7 +19,7 @@ ends with one line to paste:
 
 The full run: every kernel row cross-checked against the numpy spec and timed, graph-versus-eager
 replay of a hand-made tape, then the step sections (step-check, step-replay, step-timing: see
-``_gpu_step_common``). ``--budget`` bounds a GPU run: units that no longer fit are recorded as
+``_gpu_step_common``), then data-parallel (``_gpu_ddp``: 1 vs 2 GPUs; says so on a 1-GPU device). ``--budget`` bounds a GPU run: units that no longer fit are recorded as
 not run (exit 1). ``--dry-run`` runs the same units on the CPU: every kernel launch type-checked
 against the kernel table, the step sections' plans compiled and each training step recorded by
 the executor's own code, the PyTorch twins checked; with ``--quick`` it also compiles every kernel
@@ -43,6 +43,7 @@ from benchmarks._gpu_step_common import (DEFAULT_BUDGET_S, SECTION_TITLES, STEP_
                                          step_selection)
 from benchmarks._gpu_steps import step_check, step_replay  # noqa: E402
 from benchmarks._gpu_timing import step_timing, timing_targets  # noqa: E402
+from benchmarks._gpu_ddp import SECTION, data_parallel  # noqa: E402
 from benchmarks._gpu_dry import dry_run  # noqa: E402
 from benchmarks._gpu_model import print_conv_predictions  # noqa: E402
 from cuda_kernels._graph import new_stream  # noqa: E402
@@ -135,6 +136,8 @@ def main(argv=None):
             print(f"budget {budget.seconds:.0f} s")
             run_kernel_sections(args.only, new_stream(), failures, out)
             run_step_sections(args.only, budget, failures, skipped, notes, out)
+            if not args.only or args.only in SECTION:
+                data_parallel(out, failures, notes)
         print()
         for note in notes:
             print(f"note: {note}")

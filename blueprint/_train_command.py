@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from blueprint import zoo
+from blueprint._launch import add_launch_arguments, in_torchrun_worker, launch_workers
 from blueprint._model_source import CliError, load_model
 from blueprint._run_folder import append_history, new_run_id, run_folder
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
@@ -63,7 +64,8 @@ def add_train_command(subparsers) -> None:
                          help="print only the final metrics, as one JSON object on stdout (no progress)")
     command.add_argument("--quiet", action="store_true",
                          help="no progress bar, compile notice or per-epoch lines; only the final result")
-    command.set_defaults(run=run_train)
+    add_launch_arguments(command)
+    command.set_defaults(run=run_train, train_command=command)
 
 
 def load_data(spec: str):
@@ -103,10 +105,25 @@ def _features(dataset) -> int:
 
 
 def run_train(args) -> int:
+    if args.nproc_per_node is not None and not in_torchrun_worker():
+        return launch_workers(args.train_command, args)
     if args.device == "cuda":
+        if in_torchrun_worker():   # this worker's GPU (LOCAL_RANK) becomes current before any CUDA call
+            from cuda_kernels._collective import select_local_device
+            select_local_device()
         _check_cuda()
     train, val, data_name = load_data(args.data)
     task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched
+    if in_torchrun_worker():   # one data-parallel replica; rank 0 alone writes the run folder and prints
+        task = task.distributed(sync_batchnorm=args.sync_batchnorm)
+        if not task.distributed_config.is_writer:
+            if args.resume:
+                task = task.resume(args.resume)
+            task.fit()
+            return 0
+    elif args.sync_batchnorm:
+        raise CliError("--sync-batchnorm applies to data-parallel runs: add --nproc-per-node N, or launch with "
+                       "torchrun --nproc-per-node N -m blueprint train ...")
     out = Path(args.out or f"runs/{Path(args.model.split(':')[0]).stem}-{data_name}")
     checkpoint = out / CHECKPOINT_NAME
     run_id = new_run_id()

@@ -46,6 +46,7 @@ class CpuExecutor(ExecutorBase):
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._regions = {name: self._region_view(name) for name in ("params", "grads", "optim")}
+        self.batchnorm_sums = K.local_channel_sums   # sync BN (blueprint.distributed) sums over every replica
         for tid, value in initial_parameters(plan, seed).items():
             self._write(tid, value)
 
@@ -162,7 +163,7 @@ def _bn_fwd(ex, layer, op, views):
     if op.attr("training"):
         K.batchnorm_forward_train(x, gamma, beta, y, _v(op, views, "save_mean", True),
                                   _v(op, views, "save_invstd", True), mean, var, layer.param("momentum"),
-                                  layer.param("eps"))
+                                  layer.param("eps"), ex.batchnorm_sums)
         tracked = _v(op, views, "num_batches_tracked", True)
         tracked[()] += 1
     else:
@@ -244,7 +245,7 @@ def _bn_bwd(ex, layer, op, views):
     dx = _v(op, views, "dx", True)
     K.batchnorm_backward(_as2d(_v(op, views, "x")), _v(op, views, "weight"), _v(op, views, "save_mean"),
                          _v(op, views, "save_invstd"), _as2d(_v(op, views, "dy")), None if dx is None else _as2d(dx),
-                         _v(op, views, "dweight", True), _v(op, views, "dbias", True), _acc(op))
+                         _v(op, views, "dweight", True), _v(op, views, "dbias", True), _acc(op), ex.batchnorm_sums)
 
 
 def _act_bwd(ex, layer, op, views):

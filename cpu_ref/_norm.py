@@ -94,9 +94,16 @@ def _scale_shift(x2d, scale, shift, y2d):
     run_split(_scale_shift_span, _scale_shift_parallel, x2d.size, x2d, _tiled(scale, c), _tiled(shift, c), y2d)
 
 
-def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var, momentum, eps):
+def local_channel_sums(count, s1, s2):
+    """The per-channel sums BN normalises with: this replica's own (``(count, s1, s2)`` unchanged).
+    Synchronised BN (`blueprint.distributed`) passes a function that sums them over every replica."""
+    return count, s1, s2
+
+
+def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var, momentum, eps,
+                            reduce_sums=local_channel_sums):
     m, c = x2d.shape
-    total, total_sq = _channel_sums(x2d, x2d)
+    m, total, total_sq = reduce_sums(m, *_channel_sums(x2d, x2d))
     mean = total / m
     var = np.maximum(total_sq / m - mean * mean, 0.0)
     invstd = 1.0 / np.sqrt(var + eps)
@@ -132,16 +139,19 @@ def _batchnorm_dx_parallel(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, 
         _batchnorm_dx_span(x2d, dy2d, dx2d, mean_t, invstd_t, k_dy_t, k_mean_t, k_xhat_t, accumulate, t, nparts)
 
 
-def batchnorm_backward(x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):
-    """``dx = gamma*invstd/M * (M*dy - sum(dy) - xhat*sum(dy*xhat))``; ``dgamma``, ``dbeta`` overwritten."""
+def batchnorm_backward(x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
+                       reduce_sums=local_channel_sums):
+    """``dx = gamma*invstd/M * (M*dy - sum(dy) - xhat*sum(dy*xhat))``; ``dgamma``, ``dbeta`` overwritten
+    with this replica's sums (its gradients, reduced with all others); ``dx`` uses ``reduce_sums``'s."""
     m, c = x2d.shape
     sum_dy, sum_dy_x = _channel_sums(dy2d, x2d)
     invstd = save_invstd.astype(np.float64)
-    sum_dy_xhat = (sum_dy_x - save_mean * sum_dy) * invstd
     dbeta[:] = sum_dy
-    dgamma[:] = sum_dy_xhat
+    dgamma[:] = (sum_dy_x - save_mean * sum_dy) * invstd
     if dx2d is None:
         return
+    m, sum_dy, sum_dy_x = reduce_sums(m, sum_dy, sum_dy_x)
+    sum_dy_xhat = (sum_dy_x - save_mean * sum_dy) * invstd
     k_dy = gamma * invstd
     run_split(_batchnorm_dx_span, _batchnorm_dx_parallel, x2d.size, x2d, dy2d, dx2d, _tiled(save_mean, c),
               _tiled(save_invstd, c), _tiled(k_dy, c), _tiled(k_dy * sum_dy / m, c), _tiled(k_dy * sum_dy_xhat / m, c),

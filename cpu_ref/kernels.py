@@ -9,7 +9,7 @@ from cpu_ref._linear import linear_backward, linear_forward
 from cpu_ref._loss import softmax_cross_entropy
 from cpu_ref._misc import (accumulate_into, add_forward, channel_pad_backward, channel_pad_forward, dropout_backward,
                            dropout_forward)
-from cpu_ref._norm import batchnorm_backward, batchnorm_forward_eval, batchnorm_forward_train
+from cpu_ref._norm import batchnorm_backward, batchnorm_forward_eval, batchnorm_forward_train, local_channel_sums
 from cpu_ref._optim import adam_step, sgd_step
 from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_forward, maxpool_backward,
                            maxpool_forward)
@@ -17,7 +17,7 @@ from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_
 __all__ = [
     "ACTIVATION_KERNELS",
     "conv2d_forward", "conv2d_backward",
-    "batchnorm_forward_train", "batchnorm_forward_eval", "batchnorm_backward",
+    "batchnorm_forward_train", "batchnorm_forward_eval", "batchnorm_backward", "local_channel_sums",
     "activation_forward", "activation_backward",
     "maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward", "gap_forward", "gap_backward",
     "linear_forward", "linear_backward",

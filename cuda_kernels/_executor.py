@@ -25,6 +25,7 @@ from planner.init import initial_parameters
 from planner.plan import Role
 
 from ._arena import DeviceArena
+from ._collective import SINGLE_REPLICA
 from ._elementwise import cast_f32_to_f16
 from ._graph import StepRunner, graph_support, new_stream, synchronize
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
@@ -112,6 +113,7 @@ class CudaExecutor(ExecutorBase):
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
         self._staging: dict[tuple[str, str], Staging] = {}
+        self.collectives = SINGLE_REPLICA   # data parallel: blueprint.distributed installs NCCL here
         for tid, value in initial_parameters(plan, seed).items():
             self._write(tid, value)
         self._upload_scalar("loss_scale", np.float32(init_loss_scale))
@@ -207,7 +209,7 @@ class CudaExecutor(ExecutorBase):
         if key not in self._runners:
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
-                              self.loss.smoothing, self.optimizer, self.kernels)
+                              self.loss.smoothing, self.optimizer, self.kernels, self.collectives)
             staging = Staging({name: views[self.plan.io[name]] for name in STEP_INPUTS[purpose]},
                               {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
 
@@ -228,6 +230,10 @@ class CudaExecutor(ExecutorBase):
         turn = staging.begin(inputs)
         runner.run(self.stream)
         return PendingStep(staging, turn)
+
+    def runners_recorded(self) -> bool:
+        """Whether a step has been recorded (its tape holds the collectives of that time)."""
+        return bool(self._runners)
 
     @property
     def replay_in_use(self) -> str:

@@ -33,6 +33,7 @@ from planner.ops import OPS, Prim
 from planner.plan import PARAM_GRADIENT, Role
 
 from . import _batchnorm, _elementwise, _loss, _optim, _pool
+from ._collective import SINGLE_REPLICA
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
 
@@ -72,6 +73,7 @@ class StepContext:
     smoothing: float
     optimizer: object
     kernels: str = DEFAULT_KERNELS   # GEMM family of conv / fc layers: "mma" (tensor cores) or "simt"
+    collectives: object = SINGLE_REPLICA   # data parallel: the gradient and overflow all-reduces (_collective)
 
     def __post_init__(self):
         self.gemm = gemm_kernels(self.kernels)
@@ -284,7 +286,9 @@ def record_optimizer(launcher, ctx, op):
     from blueprint.optim import SGD, AdamW
 
     s, r, opt = ctx.scalars, ctx.regions, ctx.optimizer
+    ctx.collectives.gradients(launcher, r["grads"])    # the mean over the replicas (nothing in one process)
     _optim.check_overflow(launcher, r["grads"], s["overflow"])
+    ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
     count = r["params"].size
     if isinstance(opt, SGD):
         buf = r["optim"][:count] if opt.state_slots else r["grads"]   # never touched without momentum

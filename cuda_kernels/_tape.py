@@ -12,12 +12,17 @@ they call ``launcher.launch(spec, grid, block, *args)``. Two launchers exist:
 A tape may also hold the step's host <-> device transfers and events (``cuda_kernels._transfer``:
 entries with ``kind`` "upload", "download" or "event"), before its first and after its last
 kernel. ``segments()`` splits it there: graph replay captures the kernels only and issues the
-transfers around the graph launch, on the same stream.
+transfers around the graph launch, on the same stream. A data-parallel step also holds
+``collective`` entries (``cuda_kernels._collective``) among its kernels; they are captured with them.
 """
 from dataclasses import dataclass
 
 from ._dynamic_smem import raise_shared_limit
 from ._registry import check_args
+
+#: Entries graph capture records: kernels, and the data-parallel all-reduces (``_collective``), which
+#: run on the step's stream like a kernel.
+CAPTURED_KINDS = ("kernel", "collective")
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,12 @@ class LaunchTape:
     def segments(self):
         """``(before, kernels, after)``: the transfers before the first kernel, the kernels, the transfers
         after the last one. A transfer between two kernels is refused (graph capture takes kernels only)."""
-        where = [i for i, e in enumerate(self._entries) if e.kind == "kernel"]
+        where = [i for i, e in enumerate(self._entries) if e.kind in CAPTURED_KINDS]
         if not where:
             return list(self._entries), [], []
         first, last = where[0], where[-1]
         body = self._entries[first:last + 1]
-        stray = [e.name for e in body if e.kind != "kernel"]
+        stray = [e.name for e in body if e.kind not in CAPTURED_KINDS]
         if stray:
             raise ValueError(f"LaunchTape: transfers {stray} sit between kernels; record uploads before the first "
                              f"kernel and downloads after the last one")

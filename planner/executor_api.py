@@ -95,7 +95,16 @@ class FinishedStep(NamedTuple):
         return self.loss, self.correct
 
 
+def keep_local_gradients(executor, launcher=None) -> None:
+    """The gradient reduction of a single process: the gradients are already the batch's."""
+
+
 class ExecutorBase:
+    #: Called by `_after_backward`, between the last backward op and the optimizer; a data-parallel
+    #: replica (`blueprint.distributed`) replaces it with the all-reduce over its gradient region (the
+    #: CUDA path records its NCCL all-reduce in the tape instead, `cuda_kernels._collective`).
+    gradient_reduction = staticmethod(keep_local_gradients)
+
     def __init__(self, plan, loss, optimizer, seed: int):
         from blueprint.optim import SGD, CrossEntropyLoss
 
@@ -131,11 +140,13 @@ class ExecutorBase:
     def _after_backward(self, views, tape=None) -> None:
         """Called once per training step between the last backward op and the optimizer op, when the
         gradient region (``self._regions["grads"]``) holds the step's gradients and nothing has read them
-        yet: the point for a data-parallel all-reduce or any other gradient hook. A no-op here.
+        yet: the point for a data-parallel all-reduce or any other gradient hook.
 
         The CPU path calls it during every step (``tape`` is None). The CUDA path calls it once, while
         the step is recorded, with the launch ``tape``: what it records there runs on the step's stream
-        in every replay (and inside the captured CUDA graph); its gradients are loss-scaled."""
+        in every replay (and inside the captured CUDA graph); its gradients are loss-scaled.
+        Here it calls ``gradient_reduction`` (a no-op in a single process)."""
+        self.gradient_reduction(self, tape)
 
     def _run_schedule(self, graph: str, views, run_op, forward_only: bool = False, tape=None) -> None:
         """``run_op(op)`` for each op of ``graph`` in schedule order (only the forward ops with

@@ -14,6 +14,7 @@ import numpy as np
 
 from blueprint.task._console import Console
 from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
+from blueprint.task._replica_task import epoch_sums, reduce_metrics, stop_replicas_on_error
 
 
 class DivergedError(FloatingPointError, ValueError):
@@ -44,7 +45,7 @@ class FitLoop:
     """The training loop of `DeepLearningTask` (a mixin: the task's configuration fields are its state)."""
 
     def _fit(self, session, interrupt: DeferredInterrupt) -> list[EpochRecord]:
-        with Console(self.show_progress) as console:
+        with Console(self.show_progress and self._writes) as console, stop_replicas_on_error(self.distributed_config):
             return self._fit_epochs(session, interrupt, console)
 
     def _fit_epochs(self, session, interrupt: DeferredInterrupt, console: Console) -> list[EpochRecord]:
@@ -62,14 +63,18 @@ class FitLoop:
             finally:
                 console.close_bar()
             train_seconds = time.perf_counter() - start - console.epoch_compile_seconds()   # img/s without compiling
+            seen, correct, loss_sum = position.seen, position.correct, position.loss_sum
+            if self.distributed_config is not None:   # the epoch's sums over every replica; rank 0's BN statistics
+                seen, correct, loss_sum = epoch_sums(self.distributed_config, session.executor, position)
             val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
-            seen = position.seen
-            record = EpochRecord(epoch + 1, float(position.lr), position.loss_sum / seen, position.correct / seen,
+            record = EpochRecord(epoch + 1, float(position.lr), loss_sum / seen, correct / seen,
                                  val["loss"] if val else None, val["top1"] if val else None,
                                  val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
             session.history.append(record)
             console.epoch_done(record, self.epoch_count, steps, console.epoch_compile_seconds())
             session.epochs_done, session.position = epoch + 1, None
+            if not self._writes:   # rank 0 alone writes the log and checkpoints and runs the callbacks
+                continue
             if self.log_path:
                 with open(self.log_path, "a", encoding="utf-8") as log:
                     log.write(json.dumps(record.as_dict()) + "\n")
@@ -130,7 +135,8 @@ class FitLoop:
             labels.append(y)
             if interrupt is not None:
                 interrupt.check()
-        return classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
+        metrics = classification_metrics(np.concatenate(logits), np.concatenate(labels), self.loss_config.smoothing)
+        return metrics if self.distributed_config is None else reduce_metrics(self.distributed_config, metrics)
 
     def _forward_padded(self, session, x: np.ndarray) -> np.ndarray:
         """Eval logits for any batch size: eval-mode layers act per sample, so a batch is split

@@ -16,6 +16,7 @@ from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, Cro
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._fit_loop import EpochRecord
 from blueprint.task._position import Position, check_resumable
+from blueprint.task._replica_task import check_world_size, resumed_position
 
 CHECKPOINT_FORMAT = "blueprint-task-2"   # 2: position, sample shape
 
@@ -37,6 +38,7 @@ class SaveResume:
                  "epochs": self.epoch_count, "batch_size": self.batch, "seed": self.seed_value,
                  "sample_shape": list(self.train_set.sample_shape), "input": self._input_spec().as_state(),
                  "position": None if position is None else position.as_state(),
+                 "world_size": 1 if self.distributed_config is None else self.distributed_config.world_size,
                  "history": [r.as_dict() for r in session.history]}
         path = Path(path)
         save_checkpoint(path, tensors, state)
@@ -78,6 +80,7 @@ class SaveResume:
                               f"{state.get('format')!r}, expected {CHECKPOINT_FORMAT!r})")
         self.validate()
         self._check_resumable(path, state)
+        check_world_size(path, state.get("world_size", 1), self.distributed_config)
         session = self._session[0] if self._session else self._new_session()
         weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
         optimizer_state = {k[len("optim."):]: v for k, v in tensors.items() if k.startswith("optim.")}
@@ -87,6 +90,8 @@ class SaveResume:
         history = _history(path, state.get("history"))
         position = Position.from_state(path, state.get("position"), epochs_done,
                                        self._loaders()[0].steps_per_epoch)
+        if position is not None and self.distributed_config is not None:
+            position = resumed_position(self.distributed_config, position)
         # everything checked: only now change the session
         session.executor.load_state_dict(weights)
         session.executor.load_optimizer_state(optimizer_state)

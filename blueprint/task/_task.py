@@ -18,6 +18,8 @@ from blueprint._layer import BluePrint
 from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
                              keyword_construction)
 from blueprint.task._fit_loop import DivergedError, EpochRecord, FitLoop, classification_metrics
+from blueprint.task._replica_task import (check_replica_batch, place_replica, replica_loaders, replica_samples,
+                                          replicate)
 from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
 from blueprint.task._save_resume import CHECKPOINT_FORMAT, SaveResume
 from blueprint.task.data import ArrayDataset, Augment, DataLoader
@@ -86,6 +88,7 @@ class DeepLearningTask(FitLoop, SaveResume):
     callbacks: tuple = ()
     log_path: str | None = None
     checkpoint_path: str | None = None
+    distributed_config: object = None   # a blueprint.distributed.Distributed: this process's replica
     _session: list = field(default_factory=list, compare=False, repr=False)
 
     # ---- chained setters ------------------------------------------------------------------------------
@@ -176,6 +179,21 @@ class DeepLearningTask(FitLoop, SaveResume):
         """Save a checkpoint to `path` after every epoch, and when training is interrupted (Ctrl-C)."""
         return self._new(checkpoint_path=None if path is None else str(path))
 
+    def distributed(self, enabled: bool = True, sync_batchnorm: bool = False,
+                    timeout_s: float | None = None) -> "DeepLearningTask":
+        """Data-parallel training: this process is one replica of the run torchrun started (rank and
+        world size from its environment). ``batch_size`` stays the global batch (each rank trains on
+        ``batch_size / world_size`` samples of a disjoint shard); BN is per replica unless
+        ``sync_batchnorm``; a collective waiting longer than ``timeout_s`` seconds ends the run.
+
+        >>> task = DeepLearningTask().model(zoo.small_cnn()).distributed()   # doctest: +SKIP
+        """
+        from blueprint.distributed import DEFAULT_TIMEOUT_S, Distributed
+        if not _flag("distributed", enabled):
+            return self._new(distributed_config=None)
+        return self._new(distributed_config=Distributed.from_environment(
+            DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s, _flag("distributed", sync_batchnorm)))
+
     def _new(self, **changes) -> "DeepLearningTask":
         """The changed value. A trained (or resumed) session carries over when the change leaves what
         it was compiled for alone; a change that would drop trained weights is refused."""
@@ -196,7 +214,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         """Everything the compiled plan and the executor depend on."""
         return {"model": self.blueprint_value, "loss": self.loss_config, "optimizer": self.optimizer_config,
                 "device": self.device_name, "amp": self.use_amp, "fuse": self.use_fuse, "seed": self.seed_value,
-                "compiled shapes": self._variants() if self.train_set is not None else None}
+                "compiled shapes": self._variants() if self.train_set is not None else None,
+                "data-parallel replica": self.distributed_config}
 
     # ---- derived settings -------------------------------------------------------------------------------
     @property
@@ -213,6 +232,11 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self.optimizer_config.learning_rate if own is None else own
 
     @property
+    def _writes(self) -> bool:
+        """Whether this process writes the console, log, checkpoints (rank 0 of a data-parallel run)."""
+        return self.distributed_config is None or self.distributed_config.is_writer
+
+    @property
     def history(self) -> list[EpochRecord]:
         return list(self._session[0].history) if self._session else []
 
@@ -227,6 +251,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         if self.val_set is not None and self.val_set.sample_shape != self.train_set.sample_shape:
             raise ConfigError(f"train samples are {self.train_set.sample_shape} (H, W, C) but val samples are "
                               f"{self.val_set.sample_shape}; both sets must have one shape")
+        if self.distributed_config is not None:
+            check_replica_batch(self.distributed_config, self.batch, len(self.train_set), self.drop_last_batch)
         if self.drop_last_batch and len(self.train_set) < self.batch:
             raise ConfigError(f"drop_last with batch_size={self.batch} would drop every one of the "
                               f"{len(self.train_set)} training samples; lower the batch size")
@@ -242,10 +268,10 @@ class DeepLearningTask(FitLoop, SaveResume):
     # ---- compiling and running ------------------------------------------------------------------------------
     def _variants(self) -> dict[str, tuple]:
         h, w, c = self.train_set.sample_shape
-        n = len(self.train_set)
-        variants = {"train": (min(self.batch, n), h, w, c)}
-        if not self.drop_last_batch and n > self.batch and n % self.batch:
-            variants["train_last"] = (n % self.batch, h, w, c)
+        n, batch = replica_samples(self.distributed_config, len(self.train_set), self.batch, self.drop_last_batch)
+        variants = {"train": (min(batch, n), h, w, c)}
+        if not self.drop_last_batch and n > batch and n % batch:
+            variants["train_last"] = (n % batch, h, w, c)
         eval_batch = self.eval_batch or self.batch
         variants["eval"] = (eval_batch, h, w, c)
         if self.val_set is not None and len(self.val_set) % eval_batch and len(self.val_set) > eval_batch:
@@ -276,9 +302,12 @@ class DeepLearningTask(FitLoop, SaveResume):
                 from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
             except ImportError as error:
                 raise ConfigError(f"device('cuda') needs numba-cuda: pip install 'blueprint-nn[cuda]' ({error})") from error
-            return CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
-        from cpu_ref import CpuExecutor
-        return CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+            place_replica(self.distributed_config)   # a replica's own GPU (LOCAL_RANK), before the arena exists
+            executor = CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+        else:
+            from cpu_ref import CpuExecutor
+            executor = CpuExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
+        return executor if self.distributed_config is None else replicate(executor, self.distributed_config)
 
     def _loaders(self):
         if self.normalisation == "auto":
@@ -298,6 +327,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         if self.val_set is not None:
             val = DataLoader(self.val_set, self.eval_batch or self.batch, shuffle=False, seed=self.seed_value,
                              mean=mean, std=std)
+        if self.distributed_config is not None:
+            train, val = replica_loaders(self.distributed_config, train, val)
         return train, val, (mean, std)
 
     def session(self) -> _Session:
@@ -332,7 +363,7 @@ class DeepLearningTask(FitLoop, SaveResume):
             try:
                 return self._fit(session, interrupt)
             except KeyboardInterrupt:
-                if self.checkpoint_path and not interrupt.stepping and session.holds_training:
+                if self.checkpoint_path and self._writes and not interrupt.stepping and session.holds_training:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
 
@@ -344,6 +375,8 @@ class DeepLearningTask(FitLoop, SaveResume):
             raise ConfigError(f"evaluate(): the model was compiled for samples {self.train_set.sample_shape}, "
                               f"got {dataset.sample_shape}")
         loader = DataLoader(dataset, session.eval_batch, shuffle=False, seed=0, mean=mean, std=std)
+        if self.distributed_config is not None:   # each rank its share; the metrics are summed over the ranks
+            loader = replica_loaders(self.distributed_config, None, loader)[1]
         return self._evaluate_loader(session, loader)
 
     def predict(self, x: np.ndarray) -> np.ndarray:

@@ -250,6 +250,7 @@ SETTERS = {
     "callback": (lambda t, s: (print,), "keeps"),
     "log": (lambda t, s: (None,), "keeps"),
     "checkpoint": (lambda t, s: (None,), "keeps"),
+    "distributed": (lambda t, s: (False,), "keeps"),   # one process stays one process (test_distributed: the rest)
 }
 
 
