@@ -116,9 +116,13 @@ def test_quick_dry_run_prints_the_estimate_and_ends_with_the_paste_line(quick):
     lines = run.stdout.strip().splitlines()
     assert PASTE_LINE.match(lines[-1]), f"the last line is not the issue's paste line: {lines[-1]!r}"
     assert records[-1]["paste"] == lines[-1]
+    # the estimate is built from times measured here (compile_ptx, a CPU step), which a loaded machine
+    # stretches: check that it is printed and that its verdict follows its total, not the total itself
     estimate = [line for line in lines if "total, fits the 240 s budget" in line or "DOES NOT FIT" in line]
-    assert len(estimate) == 1 and "fits the 240 s budget" in estimate[0], estimate
-    assert 0 < records[-1]["estimate_s"] <= 240
+    total = records[-1]["estimate_s"]
+    assert len(estimate) == 1 and total > 0, estimate
+    assert ("DOES NOT FIT" in estimate[0]) == (total > 240), (total, estimate)
+    assert f"{total:6.1f} s  total" in estimate[0], (total, estimate)
 
 
 def test_a_killed_run_keeps_every_finished_record(tmp_path):
