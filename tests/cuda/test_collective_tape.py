@@ -82,12 +82,12 @@ def test_graph_capture_takes_collectives_among_kernels_but_still_refuses_a_trans
     y = cuda.device_array(4, np.float16)
     collective = CollectiveEntry("all_reduce_avg_grads", "avg", y, RecordingCollectives())
     tape = LaunchTape()
-    _elementwise.activation_forward(tape, 0, x, y)
+    _elementwise.activation_forward(tape, "relu", x, y)
     tape.add(collective)
     _elementwise.activation_forward(tape, 0, y, x)
     assert [e.kind for e in tape.segments()[1]] == ["kernel", "collective", "kernel"]
     tape.add(type("Upload", (), {"kind": "upload", "name": "input", "run": lambda self, stream: None})())
-    _elementwise.activation_forward(tape, 0, x, y)
+    _elementwise.activation_forward(tape, "relu", x, y)
     with pytest.raises(ValueError, match=r"transfers \['input'\] sit between kernels"):
         tape.segments()
 
