@@ -84,7 +84,7 @@ def test_graph_capture_takes_collectives_among_kernels_but_still_refuses_a_trans
     tape = LaunchTape()
     _elementwise.activation_forward(tape, "relu", x, y)
     tape.add(collective)
-    _elementwise.activation_forward(tape, 0, y, x)
+    _elementwise.activation_forward(tape, "relu", y, x)
     assert [e.kind for e in tape.segments()[1]] == ["kernel", "collective", "kernel"]
     tape.add(type("Upload", (), {"kind": "upload", "name": "input", "run": lambda self, stream: None})())
     _elementwise.activation_forward(tape, "relu", x, y)
