@@ -29,7 +29,9 @@ class Kind(enum.Enum):
     SILU = "silu"
     HARDSWISH = "hardswish"
     GELU = "gelu"
+    HARDSIGMOID = "hardsigmoid"
     DROPOUT = "dropout"
+    DROP_PATH = "drop_path"
     FLATTEN = "flatten"
     FC = "fc"
     MAXPOOL = "maxpool"
@@ -41,10 +43,11 @@ class Kind(enum.Enum):
     GAP_FC = "gap_fc"
     BLOCK = "block"
     MBCONV = "mbconv"
+    SE = "se"
 
 
 ACTIVATIONS = frozenset({Kind.RELU, Kind.RELU6, Kind.LEAKY_RELU, Kind.SIGMOID, Kind.TANH,
-                         Kind.SILU, Kind.HARDSWISH, Kind.GELU})
+                         Kind.SILU, Kind.HARDSWISH, Kind.GELU, Kind.HARDSIGMOID})
 CONTAINERS = frozenset({Kind.SEQ, Kind.ADD2, Kind.REPEAT, Kind.NAMED})
 
 
@@ -120,6 +123,20 @@ class DropoutParams:
 
 
 @dataclass(frozen=True)
+class DropPathParams:
+    p: float
+
+
+@dataclass(frozen=True)
+class SeParams:
+    """Squeeze-excitation: `squeeze` channels (an int), or a fraction of the input channels (a float in
+    (0, 1]: max(1, int(C * fraction))); `gate` and `act` are activation kind names."""
+    squeeze: int | float
+    gate: str
+    act: str
+
+
+@dataclass(frozen=True)
 class FcParams:
     out_features: int
     bias: bool
@@ -171,6 +188,12 @@ class MbconvParams:
     out_channels: int
     stride: int
     kernel: int
+    act: str = "relu6"                 # activation kind name of the expand and depthwise stages
+    se: "Layer | None" = None          # an se(...) layer between the depthwise and the project stage
+    drop_path: float = 0.0             # stochastic depth on the residual branch (identity shortcut only)
+    expanded_channels: int = 0         # 0: in_channels * expand_ratio
+    momentum: float = 0.1              # of every BatchNorm in the block
+    eps: float = 1e-5
 
 
 # ---- the tree ----------------------------------------------------------------------------

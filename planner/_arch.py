@@ -9,8 +9,9 @@ NETWORK_INPUT = 0  # value id of the network input; every layer output gets a fr
 PRIMITIVES = frozenset({
     "conv", "bn", "bn2d", "bn1d", "relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu",
     "dropout", "flatten", "fc", "maxpool", "avgpool", "gap", "channel_pad", "add", "identity", "softmax_ce",
+    "hardsigmoid", "channel_mul", "drop_path",
 })
-ACTIVATION_KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
+ACTIVATION_KINDS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid")
 PARAMETER_KINDS = frozenset({"conv", "bn", "bn2d", "bn1d", "fc"})
 # fused kinds (fuse=True); each holds its unfused expansion in `sub`
 FUSED = frozenset({"cbr", "basic_block", "bottleneck", "inv_residual", "gap_fc"})

@@ -267,7 +267,7 @@ class _GraphBuilder:
                     if rule.suffix == "weight" and source is not None:
                         layout, flatten_from = "fc_hwc", source
                     elif rule.suffix == "weight":
-                        layout = ""
+                        layout = prim.param("torch_layout", "")   # "conv1x1": an se projection
                 self.params.append(ParamSpec(name, tid, shape, rule.region, rule.init, position, layout,
                                              flatten_from, fan_in, fan_out))
         duplicates = sorted(n for n, count in Counter(p.name for p in self.params).items() if count > 1)
@@ -422,7 +422,7 @@ class _GraphBuilder:
         for position in self.positions_of[index]:
             prim = self.prims[position][1]
             tag = f"{position}:" if fused else ""
-            names = ("a", "b") if prim.kind == "add" else ("x",)
+            names = ("a", "b") if prim.kind == "add" else ("x", "s") if prim.kind == "channel_mul" else ("x",)
             for role, value in zip(names, prim.inputs):
                 if value not in produced:
                     reads.append((tag + role, value_tensor[value]))
@@ -462,6 +462,8 @@ class _GraphBuilder:
                 reads.append(("x", self.value_tensor[prim.inputs[0]]))
             if "output" in saves:
                 reads.append(("y", self.value_tensor[prim.output]))
+            if prim.kind == "channel_mul":
+                reads.append(("s", self.value_tensor[prim.inputs[1]]))
             params = self.param_tensors.get(position)
             if params and "weight" in params:
                 reads.append(("weight", params["weight"]))
@@ -481,6 +483,8 @@ class _GraphBuilder:
                     writes.append((tag + "d" + suffix, self.grad_tensors[tid]))
         if layer.kind == "add":
             roles = ("da", "db")
+        elif layer.kind == "channel_mul":
+            roles = ("dx", "ds")
         else:
             roles = tuple(f"dx{i}" for i in range(len(layer.inputs))) if fused else ("dx",) * len(layer.inputs)
         created_here: set[int] = set()

@@ -164,6 +164,23 @@ def _add_shape(layer, shapes):
 register(KindRule("add", _add_shape, _none, _zero, (), _none))
 
 
+# ---- channel_mul: x (N, H, W, C) * s (N, C), the squeeze-excitation scale; backward reads both inputs ----
+def _channel_mul_shape(layer, shapes):
+    x, s = shapes
+    if len(x) != 4 or s != (x[0], x[3]):
+        raise ShapeError(f"{layer.path}: channel_mul multiplies an NHWC tensor by one value per sample and channel; "
+                         f"expected a scale of shape {(x[0], x[-1])} for the input {x}, got {s}")
+    return x
+
+
+register(KindRule("channel_mul", _channel_mul_shape, _none, _zero, ("input",), _none))
+
+# ---- drop_path: stochastic depth, one keep flag per sample (saved for backward) -----------------------------
+DROP_PATH_MASK = Extra("mask", "uint8", saved=True)
+register(KindRule("drop_path", _same, _none, _zero, (),
+                  lambda layer, shapes, out: [(DROP_PATH_MASK, (out[0],))]))
+
+
 def _channel_pad_shape(layer, shapes):
     return shapes[0][:-1] + (layer.param("out_channels"),)
 
