@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from cpu_ref._misc import flat, partition, run_split
 
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
+RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU, HARDSIGMOID = range(9)
 ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
 
 _ZERO = np.float32(0.0)
@@ -99,6 +99,16 @@ def _hardswish_grad(x, g, alpha):
 
 
 @njit(cache=True, inline="always")
+def _hardsigmoid(x, alpha):
+    return min(max(x + _THREE, _ZERO), _SIX) / _SIX
+
+
+@njit(cache=True, inline="always")
+def _hardsigmoid_grad(x, g, alpha):
+    return g / _SIX if -_THREE < x < _THREE else _ZERO
+
+
+@njit(cache=True, inline="always")
 def _gelu(x, alpha):
     return np.float32(0.5 * x * (1.0 + math.erf(x * _INV_SQRT2)))
 
@@ -135,6 +145,9 @@ def _forward_span(code, x, y, alpha, t, nparts):
     elif code == HARDSWISH:
         for i in range(n):
             y[i] = _hardswish(x[i], alpha)
+    elif code == HARDSIGMOID:
+        for i in range(n):
+            y[i] = _hardsigmoid(x[i], alpha)
     else:
         for i in range(n):
             y[i] = _gelu(x[i], alpha)
@@ -166,6 +179,9 @@ def _backward_span(code, s, dy, dx, alpha, accumulate, t, nparts):
     elif code == HARDSWISH:
         for i in range(n):
             dx[i] = _hardswish_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
+    elif code == HARDSIGMOID:
+        for i in range(n):
+            dx[i] = _hardsigmoid_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)
     else:
         for i in range(n):
             dx[i] = _gelu_grad(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)

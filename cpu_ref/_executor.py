@@ -235,6 +235,19 @@ def _add_fwd(ex, layer, op, views):
     K.add_forward(_v(op, views, "a"), _v(op, views, "b"), _v(op, views, "y", True))
 
 
+def _channel_mul_fwd(ex, layer, op, views):
+    K.channel_mul_forward(_v(op, views, "x"), _v(op, views, "s"), _v(op, views, "y", True))
+
+
+def _drop_path_fwd(ex, layer, op, views):
+    x, y = _v(op, views, "x"), _v(op, views, "y", True)
+    if op.attr("training"):
+        K.drop_path_forward(x, y, _v(op, views, "mask", True), layer.param("p"), dropout_seed(ex.seed, op.layer),
+                            ex.step_count)   # unfused: layer index == position
+    else:
+        y[...] = x
+
+
 # backward handlers
 def _acc(op, role="dx"):
     return bool(op.attr("accumulate_" + role, False))
@@ -299,13 +312,25 @@ def _add_bwd(ex, layer, op, views):
             K.accumulate_into(target, dy, _acc(op, role))
 
 
-_ACTS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
+def _channel_mul_bwd(ex, layer, op, views):
+    K.channel_mul_backward(_v(op, views, "x"), _v(op, views, "s"), _v(op, views, "dy"), _v(op, views, "dx", True),
+                           _v(op, views, "ds", True), _acc(op, "dx"), _acc(op, "ds"))
+
+
+def _drop_path_bwd(ex, layer, op, views):
+    K.drop_path_backward(_v(op, views, "mask"), _v(op, views, "dy"), _v(op, views, "dx", True), layer.param("p"),
+                         _acc(op))
+
+
+_ACTS = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid")
 _FORWARD = {"conv": _conv_fwd, "bn2d": _bn_fwd, "bn1d": _bn_fwd, "dropout": _dropout_fwd, "flatten": _flatten_fwd,
             "fc": _fc_fwd, "maxpool": _maxpool_fwd, "avgpool": _avgpool_fwd, "gap": _gap_fwd,
-            "channel_pad": _channel_pad_fwd, "add": _add_fwd, **{a: _act_fwd for a in _ACTS}}
+            "channel_pad": _channel_pad_fwd, "add": _add_fwd, **{a: _act_fwd for a in _ACTS},
+            "channel_mul": _channel_mul_fwd, "drop_path": _drop_path_fwd}
 _BACKWARD = {"conv": _conv_bwd, "bn2d": _bn_bwd, "bn1d": _bn_bwd, "dropout": _dropout_bwd, "flatten": _flatten_bwd,
              "fc": _fc_bwd, "maxpool": _maxpool_bwd, "avgpool": _avgpool_bwd, "gap": _gap_bwd,
-             "channel_pad": _channel_pad_bwd, "add": _add_bwd, **{a: _act_bwd for a in _ACTS}}
+             "channel_pad": _channel_pad_bwd, "add": _add_bwd, **{a: _act_bwd for a in _ACTS},
+             "channel_mul": _channel_mul_bwd, "drop_path": _drop_path_bwd}
 
 
 __all__ = ["CpuExecutor", "InputError"]

@@ -3,9 +3,11 @@
 Kernels write into the arrays they are given (C-contiguous fp32 views, NHWC) and
 allocate nothing large; ``cpu_ref.reference`` is their spec.
 """
-from cpu_ref._activation import (ACTIVATION_SAVES_OUTPUT, GELU, HARDSWISH, LEAKY_RELU, RELU, RELU6, SIGMOID, SILU,
-                                 TANH, activation_backward, activation_forward)
+from cpu_ref._activation import (ACTIVATION_SAVES_OUTPUT, GELU, HARDSIGMOID, HARDSWISH, LEAKY_RELU, RELU, RELU6,
+                                 SIGMOID, SILU, TANH, activation_backward, activation_forward)
+from cpu_ref._channel_mul import channel_mul_backward, channel_mul_forward
 from cpu_ref._conv import conv2d_backward, conv2d_forward
+from cpu_ref._drop_path import drop_path_backward, drop_path_forward
 from cpu_ref._linear import linear_backward, linear_forward
 from cpu_ref._loss import softmax_cross_entropy
 from cpu_ref._misc import (accumulate_into, add_forward, channel_pad_backward, channel_pad_forward, dropout_backward,
@@ -16,7 +18,8 @@ from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_
                            maxpool_forward)
 
 __all__ = [
-    "RELU", "RELU6", "LEAKY_RELU", "SIGMOID", "TANH", "SILU", "HARDSWISH", "GELU", "ACTIVATION_SAVES_OUTPUT",
+    "RELU", "RELU6", "LEAKY_RELU", "SIGMOID", "TANH", "SILU", "HARDSWISH", "GELU", "HARDSIGMOID",
+    "ACTIVATION_SAVES_OUTPUT",
     "conv2d_forward", "conv2d_backward",
     "batchnorm_forward_train", "batchnorm_forward_eval", "batchnorm_backward",
     "activation_forward", "activation_backward",
@@ -24,6 +27,7 @@ __all__ = [
     "linear_forward", "linear_backward",
     "add_forward", "accumulate_into", "dropout_forward", "dropout_backward",
     "channel_pad_forward", "channel_pad_backward",
+    "channel_mul_forward", "channel_mul_backward", "drop_path_forward", "drop_path_backward",
     "softmax_cross_entropy",
     "sgd_step", "adam_step",
 ]

@@ -13,7 +13,7 @@ Forward and backward of a primitive sit side by side.
 """
 import numpy as np
 
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
+RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU, HARDSIGMOID = range(9)
 ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
 
 
@@ -132,6 +132,8 @@ def activation_forward(code, x, alpha=0.01):
         return x * np.clip(x + 3, 0, 6) / 6
     if code == GELU:
         return 0.5 * x * (1 + _erf(x / np.sqrt(2.0)))
+    if code == HARDSIGMOID:
+        return np.clip(x + 3, 0, 6) / 6
     raise ValueError(f"activation_forward: unknown activation code {code}")
 
 
@@ -156,6 +158,8 @@ def activation_backward(code, saved, dy, alpha=0.01):
         cdf = 0.5 * (1 + _erf(saved / np.sqrt(2.0)))
         pdf = np.exp(-0.5 * saved * saved) / np.sqrt(2 * np.pi)
         return dy * (cdf + saved * pdf)
+    if code == HARDSIGMOID:   # saved is the input; PyTorch's gradient is 1/6 strictly inside (-3, 3)
+        return np.where((saved > -3) & (saved < 3), dy / 6, 0)
     raise ValueError(f"activation_backward: unknown activation code {code}")
 
 
@@ -296,6 +300,40 @@ def dropout_forward(x, p, seed, step):
 
 def dropout_backward(mask, dy, p):
     return dy * mask * dy.dtype.type(_dropout_scale(p))
+
+
+# ---------------------------------------------------------------------------- channel_mul
+
+def channel_mul_forward(x, s):
+    """``y[n, h, w, c] = x[n, h, w, c] * s[n, c]`` (the squeeze-excitation scale)."""
+    return x * s[:, None, None, :]
+
+
+def channel_mul_backward(x, s, dy):
+    """Returns ``(dx, ds)``: ``dx = dy * s``, ``ds[n, c] = sum_{h, w} dy * x``."""
+    return dy * s[:, None, None, :], (dy * x).sum(axis=(1, 2))
+
+
+# ---------------------------------------------------------------------------- drop_path
+
+def drop_path_mask(n, p, seed, step):
+    """uint8 keep flag per sample: sample ``i`` is kept iff ``dropout_uniform(seed, step, i) >= p``."""
+    return dropout_mask((n,), p, seed, step)
+
+
+def drop_path_forward(x, p, seed, step):
+    """Stochastic depth (torchvision ``StochasticDepth(p, "row")``), training mode: returns ``(y, mask)``,
+    ``y[n] = x[n] * mask[n] / (1 - p)``."""
+    mask = drop_path_mask(x.shape[0], p, seed, step)
+    return x * _per_sample(mask, x) * x.dtype.type(_dropout_scale(p)), mask
+
+
+def drop_path_backward(mask, dy, p):
+    return dy * _per_sample(mask, dy) * dy.dtype.type(_dropout_scale(p))
+
+
+def _per_sample(mask, like):
+    return mask.reshape((-1,) + (1,) * (like.ndim - 1)).astype(like.dtype)
 
 
 # ---------------------------------------------------------------------------- loss
