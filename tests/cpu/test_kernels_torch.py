@@ -83,6 +83,10 @@ def batchnorm_eval(m, c, eps=1e-5):
 TORCH_ACTIVATIONS = {
     K.RELU: F.relu, K.RELU6: F.relu6, K.LEAKY_RELU: lambda x: F.leaky_relu(x, 0.1), K.SIGMOID: torch.sigmoid,
     K.TANH: torch.tanh, K.SILU: F.silu, K.HARDSWISH: F.hardswish, K.GELU: F.gelu,
+    # torch's own definition of F.hardsigmoid: its float64 backward multiplies by the float32 constant 1/6
+    # (relative error 3e-8, above this float64 comparison's 1e-10); the fp32 kernel is checked against
+    # F.hardsigmoid itself in test_se_ops_torch.py
+    K.HARDSIGMOID: lambda x: F.relu6(x + 3) / 6,
 }
 
 
@@ -132,6 +136,15 @@ def channel_pad(n, h, w, c, c_out):
                   lambda t: F.pad(t["x"], (0, c_out - c)), ("x",))
 
 
+def channel_mul(n, h, w, c):
+    def ours_grad(t, dy):
+        dx, ds = R.channel_mul_backward(t["x"], t["s"], dy)
+        return {"x": dx, "s": ds}
+
+    return Parity("channel_mul", {"x": (n, h, w, c), "s": (n, c)}, lambda t: R.channel_mul_forward(t["x"], t["s"]),
+                  ours_grad, lambda t: nhwc(nchw(t["x"]) * t["s"][:, :, None, None]), ("x", "s"))
+
+
 def cross_entropy(n, k, smoothing):
     def labels(rng, shape):
         return rng.integers(0, k, shape)
@@ -162,6 +175,7 @@ PARITY = [
     linear(5, 7, 4, True),
     linear(3, 6, 5, False),
     channel_pad(2, 3, 3, 3, 5),
+    channel_mul(2, 3, 4, 5),
     cross_entropy(6, 5, 0.0),
     cross_entropy(5, 7, 0.2),
 ]
