@@ -98,8 +98,23 @@ def _gelu(g, layer, op, out):
 
 
 def _fc(g, layer, op, out):
-    inputs = [g.input(op), g.param(op, "weight")] + ([g.param(op, "bias")] if op.read("bias") is not None else [])
+    weight = g.param(op, "weight")
+    if layer.param("torch_layout") == "conv1x1":   # an se projection: its PyTorch weight is (out, in, 1, 1)
+        weight = g.node("Flatten", [weight], out + ".weight2d", axis=1)
+    inputs = [g.input(op), weight] + ([g.param(op, "bias")] if op.read("bias") is not None else [])
     return g.node("Gemm", inputs, out, transB=1)
+
+
+def _hardsigmoid(g, layer, op, out):
+    return g.node("HardSigmoid", [g.input(op)], out, alpha=1.0 / 6.0, beta=0.5)
+
+
+def _channel_mul(g, layer, op, out):
+    """x (N, C, H, W) * s (N, C) -> s unsqueezed to (N, C, 1, 1), broadcast."""
+    from onnx import numpy_helper
+    g.initializers.append(numpy_helper.from_array(np.asarray([2, 3], np.int64), out + ".axes"))
+    scale = g.node("Unsqueeze", [g.input(op, "s"), out + ".axes"], out + ".scale")
+    return g.node("Mul", [g.input(op), scale], out)
 
 
 def _flatten(g, layer, op, out):
@@ -135,7 +150,8 @@ NODES = {"conv": _conv, "bn2d": _bn, "bn1d": _bn, "relu": _simple("Relu"), "relu
          "leaky_relu": _leaky_relu, "sigmoid": _simple("Sigmoid"), "tanh": _simple("Tanh"), "silu": _silu,
          "hardswish": _simple("HardSwish"), "gelu": _gelu, "dropout": _simple("Identity"),
          "identity": _simple("Identity"), "flatten": _flatten, "fc": _fc, "maxpool": _maxpool,
-         "avgpool": _avgpool, "gap": _gap, "channel_pad": _channel_pad, "add": _add}
+         "avgpool": _avgpool, "gap": _gap, "channel_pad": _channel_pad, "add": _add,
+         "hardsigmoid": _hardsigmoid, "channel_mul": _channel_mul, "drop_path": _simple("Identity")}
 
 
 def build_onnx(model, batch: int | None = None):

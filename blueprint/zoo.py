@@ -14,6 +14,8 @@ from blueprint._factories import (
 )
 from blueprint._layer import BlockStyle, BluePrint, Layer
 
+_dropout = dropout   # the MobileNetV3 / EfficientNet builders take a `dropout` argument, as torchvision's
+
 
 def _stage(name: str, first: Layer, rest: Layer, count: int) -> Layer:
     body = seq(first, repeat(rest, count - 1)) if count > 1 else seq(first)
@@ -164,20 +166,20 @@ def _mobilenet_v3(setting, last_channel: int, num_classes: int, dropout_p: float
         features.append(mbconv(1, out, stride, k, act, gate, 0.0, expanded, *_MOBILENET_V3_BN))
     last_in = setting[-1][3]
     features.append(seq(conv(6 * last_in, 1, 1, 0), bn(*_MOBILENET_V3_BN), hardswish()))
-    classifier = seq(fc(last_channel), hardswish(), dropout(dropout_p), fc(num_classes))
+    classifier = seq(fc(last_channel), hardswish(), _dropout(dropout_p), fc(num_classes))
     return BluePrint(seq(named("features", seq(features)), gap(), named("classifier", classifier)), name)
 
 
-def mobilenet_v3_large(num_classes: int = 1000) -> BluePrint:
+def mobilenet_v3_large(num_classes: int = 1000, dropout: float = 0.2) -> BluePrint:
     """torchvision's MobileNetV3-Large (width 1.0): 15 inverted residuals with hardswish / ReLU,
-    squeeze-excitation with a hardsigmoid gate, BN momentum 0.01 and eps 0.001, dropout 0.2 in the
-    classifier; 224x224x3 input."""
-    return _mobilenet_v3(_MOBILENET_V3_LARGE, 1280, num_classes, 0.2, "mobilenet_v3_large")
+    squeeze-excitation with a hardsigmoid gate, BN momentum 0.01 and eps 0.001, `dropout` in the
+    classifier (torchvision's argument of that name); 224x224x3 input."""
+    return _mobilenet_v3(_MOBILENET_V3_LARGE, 1280, num_classes, dropout, "mobilenet_v3_large")
 
 
-def mobilenet_v3_small(num_classes: int = 1000) -> BluePrint:
+def mobilenet_v3_small(num_classes: int = 1000, dropout: float = 0.2) -> BluePrint:
     """torchvision's MobileNetV3-Small (width 1.0): 11 inverted residuals; 224x224x3 input."""
-    return _mobilenet_v3(_MOBILENET_V3_SMALL, 1024, num_classes, 0.2, "mobilenet_v3_small")
+    return _mobilenet_v3(_MOBILENET_V3_SMALL, 1024, num_classes, dropout, "mobilenet_v3_small")
 
 
 # EfficientNet-B0 (expand ratio, kernel, first stride, input, out, blocks), torchvision's table
@@ -185,25 +187,25 @@ _EFFICIENTNET_B0 = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40
                     (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
 
 
-def efficientnet_b0(num_classes: int = 1000, stochastic_depth: float = 0.2) -> BluePrint:
+def efficientnet_b0(num_classes: int = 1000, dropout: float = 0.2, stochastic_depth_prob: float = 0.2) -> BluePrint:
     """torchvision's EfficientNet-B0: SiLU MBConv blocks with squeeze-excitation (max(1, in // 4)
-    channels, sigmoid gate), stochastic depth rising linearly from 0 to `stochastic_depth` over the 16
-    blocks (applied where a block has its identity shortcut), dropout 0.2 before the classifier;
-    224x224x3 input."""
+    channels, sigmoid gate), stochastic depth rising linearly from 0 to `stochastic_depth_prob` over the
+    16 blocks (applied where a block has its identity shortcut), `dropout` before the classifier
+    (torchvision's arguments of those names); 224x224x3 input."""
     total = sum(row[-1] for row in _EFFICIENTNET_B0)
     features, block_id = [seq(conv(32, 3, 2, 1), bn(), silu())], 0
     for ratio, k, stride, in_ch, out, count in _EFFICIENTNET_B0:
         stage = []
         for index in range(count):
             block_in = in_ch if index == 0 else out
-            p = stochastic_depth * block_id / total
+            p = stochastic_depth_prob * block_id / total
             stage.append(mbconv(ratio, out, stride if index == 0 else 1, k, "silu", se(max(1, block_in // 4),
                                 "sigmoid", "silu"), p))
             block_id += 1
         features.append(seq(stage))
     features.append(seq(conv(1280, 1, 1, 0), bn(), silu()))
-    root = seq(named("features", seq(features)), gap(), named("classifier", seq(dropout(0.2), fc(num_classes))))
-    return BluePrint(root, "efficientnet_b0")
+    classifier = seq(_dropout(dropout), fc(num_classes))
+    return BluePrint(seq(named("features", seq(features)), gap(), named("classifier", classifier)), "efficientnet_b0")
 
 
 def mlp(sizes=(784, 1024, 512, 256, 10)) -> BluePrint:
