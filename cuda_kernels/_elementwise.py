@@ -13,7 +13,7 @@ from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, flat,
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
 
-RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU = range(8)
+RELU, RELU6, LEAKY_RELU, SIGMOID, TANH, SILU, HARDSWISH, GELU, HARDSIGMOID = range(9)
 ACTIVATION_SAVES_OUTPUT = frozenset({RELU, RELU6, SIGMOID, TANH})
 _SIX, _THREE, _THIRD = np.float32(6.0), np.float32(3.0), np.float32(1.0 / 3.0)
 _SIXTH, _INV_SQRT2 = np.float32(1.0 / 6.0), np.float32(1.0 / math.sqrt(2.0))
@@ -41,6 +41,8 @@ def _activate(code, v, alpha):
         return v * _sigmoid(v)
     if code == HARDSWISH:
         return v * min(max(v + _THREE, ZERO), _SIX) * _SIXTH
+    if code == HARDSIGMOID:
+        return min(max(v + _THREE, ZERO), _SIX) * _SIXTH
     return HALF * v * (ONE + math.erf(v * _INV_SQRT2))  # GELU (exact erf form)
 
 
@@ -64,6 +66,8 @@ def _activate_grad(code, s, g, alpha):
         if s < -_THREE:
             return ZERO
         return g * (s * _THIRD + HALF) if s <= _THREE else g
+    if code == HARDSIGMOID:
+        return g * _SIXTH if (s > -_THREE and s < _THREE) else ZERO
     cdf = HALF * (ONE + math.erf(s * _INV_SQRT2))  # GELU
     return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
 
-from . import _batchnorm, _elementwise, _loss, _optim, _pool
+from . import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
 from ._elementwise import ACTIVATION_SAVES_OUTPUT
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 
 BATCHNORM = ("bn2d", "bn1d")
 # what each primitive's backward reads of its forward values: "in" its input(s), "out" its output
-_ACTIVATION_CODES = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu")
+_ACTIVATION_CODES = ("relu", "relu6", "leaky_relu", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid")
 BACKWARD_READS = {"conv": "in", "fc": "in", "bn2d": "in", "bn1d": "in",
                   **{k: ("out" if code in ACTIVATION_SAVES_OUTPUT else "in") for code, k in enumerate(_ACTIVATION_CODES)}}
 FUSABLE_ACTIVATIONS = frozenset({"relu", "relu6"})   # what the BN apply can take (``_batchnorm.CLAMP``)
@@ -43,7 +43,7 @@ def activation_code(kind):
 
 
 def input_roles(prim):
-    return ("a", "b") if prim.kind == "add" else ("x",)
+    return ("a", "b") if prim.kind == "add" else ("x", "s") if prim.kind == "channel_mul" else ("x",)
 
 
 def as_2d(a):
@@ -209,6 +209,14 @@ def _forward_primitive(launcher, ov, step, mode):
                                          dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
         else:
             _elementwise.accumulate_into(launcher, y, x, False)
+    elif kind == "channel_mul":
+        _channel_mul.channel_mul_forward(launcher, x, step.inputs[1], y)
+    elif kind == "drop_path":
+        if mode == "train":
+            _drop_path.drop_path_forward(launcher, x, y, ov.written(ov.tag(step.position) + "mask"), prim.param("p"),
+                                         dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
+        else:
+            _elementwise.accumulate_into(launcher, y, x, False)
     else:
         raise NotImplementedError(f"CudaExecutor has no forward kernel for {kind!r} ({prim.path})")
 
@@ -369,6 +377,11 @@ def _backward_primitive(launcher, ov, grads, values, position, prim):
             if target is not None:
                 _elementwise.accumulate_into(launcher, target, dy, accumulate)
         return
+    if kind == "channel_mul":   # unfused only: its inputs are read by role
+        (dx, accumulate_dx), (ds, accumulate_ds) = grads.target(prim.inputs[0], "dx"), grads.target(prim.inputs[1], "ds")
+        _channel_mul.channel_mul_backward(launcher, ov.read("x"), ov.read("s"), dy, dx, ds, accumulate_dx,
+                                          accumulate_ds)
+        return
     dx, accumulate = grads.target(prim.inputs[0], "dx")
     if kind == "conv":
         ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, "weight", half=True), dy,
@@ -403,6 +416,8 @@ def _backward_primitive(launcher, ov, grads, values, position, prim):
         _elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
     elif kind == "dropout":
         _elementwise.dropout_backward(launcher, ov.read(tag + "mask"), dy, dx, prim.param("p"), accumulate)
+    elif kind == "drop_path":
+        _drop_path.drop_path_backward(launcher, ov.read(tag + "mask"), dy, dx, prim.param("p"), accumulate)
     else:
         raise NotImplementedError(f"CudaExecutor has no backward kernel for {kind!r} ({prim.path})")
 
