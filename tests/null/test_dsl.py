@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import blueprint
 from blueprint import (
     BlockStyle, BluePrint, Kind, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw,
-    dropout, fc, flatten, gap, gap_fc, gelu, group_conv, hardswish, identity, leaky_relu, map_layers, maxpool,
-    mbconv, named, relu, relu6, repeat, seq, sigmoid, silu, tanh,
+    drop_path, dropout, fc, flatten, gap, gap_fc, gelu, group_conv, hardsigmoid, hardswish, identity, leaky_relu,
+    map_layers, maxpool, mbconv, named, relu, relu6, repeat, se, seq, sigmoid, silu, tanh,
 )
 
 DSL_NAMESPACE: dict = {}
@@ -85,7 +85,19 @@ FACTORIES = {
     tanh: ([call()], []),
     silu: ([call()], []),
     hardswish: ([call()], []),
+    hardsigmoid: ([call()], []),
     gelu: ([call()], []),
+    drop_path: ([call(0.2), call(0), call(0.999)],
+                [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
+                 bad(TypeError, "p must be a finite float, got True", True)]),
+    se: ([call(16), call(0.25), call(8, "hardsigmoid"), call(1.0, "sigmoid", "silu"), call(4, gate="hardsigmoid")],
+         [bad(ValueError, "squeeze must be a positive int, got 0", 0),
+          bad(ValueError, "a fractional squeeze must be in (0, 1], got 0.0", 0.0),
+          bad(ValueError, "squeeze must be in [0.0, 1.0], got 1.5", 1.5),
+          bad(ValueError, "gate must be one of 'sigmoid', 'hardsigmoid', got 'relu'", 8, "relu"),
+          bad(ValueError, "act must be one of 'relu', 'silu', got 'gelu'", 8, "sigmoid", "gelu"),
+          bad(TypeError, "gate must be one of 'sigmoid', 'hardsigmoid' (a str), got", 8, sigmoid),
+          bad(TypeError, "squeeze must be an int, got bool", True)]),
     dropout: ([call(0.5), call(0), call(0.999)],
               [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
                bad(ValueError, "p must be in [0.0, 1.0), got -0.1", -0.1),
@@ -136,13 +148,21 @@ FACTORIES = {
              bad(ValueError, "mid_ch must be a positive int, got 0", 0, 256, BlockStyle.RESNET_1_3_1),
              bad(ValueError, "out_ch must be a positive int, got -64", -64, BlockStyle.RESNET_3_3),
              bad(TypeError, "out_ch must be an int, got bool", True, BlockStyle.RESNET_3_3)]),
-    mbconv: ([call(6, 24, 2), call(1, 16, 1), call(6, 96, 1, 5)],
+    mbconv: ([call(6, 24, 2), call(1, 16, 1), call(6, 96, 1, 5), call(6, 40, 2, 5, "silu", se(4, "sigmoid", "silu"), 0.1),
+              call(1, 40, 2, 5, "hardswish", se(32, "hardsigmoid"), 0.0, 72, 0.01, 0.001),
+              call(1, 24, 1, expanded_ch=88, act="relu")],
              [bad(ValueError, "expand_ratio must be a positive int, got 0", 0, 24, 1),
               bad(ValueError, "out_ch must be a positive int, got 0", 6, 0, 1),
               bad(ValueError, "stride must be 1 or 2, got 3", 6, 24, 3),
               bad(ValueError, "stride must be a positive int, got 0", 6, 24, 0),
               bad(ValueError, "k must be odd", 6, 24, 1, 4),
-              bad(TypeError, "expand_ratio must be an int, got bool", True, 24, 1)]),
+              bad(TypeError, "expand_ratio must be an int, got bool", True, 24, 1),
+              bad(ValueError, "act must be one of 'relu6', 'relu', 'hardswish', 'silu', got 'gelu'", 6, 24, 1, 3, "gelu"),
+              bad(TypeError, "se must be None or an se(...) layer, got relu()", 6, 24, 1, 3, "relu6", relu()),
+              bad(ValueError, "drop_path must be in [0.0, 1.0), got 1.0", 6, 24, 1, 3, "relu6", None, 1.0),
+              bad(ValueError, "give the expanded width either as expand_ratio (6) or as expanded_ch (72)", 6, 24, 1,
+                  expanded_ch=72),
+              bad(ValueError, "eps must be > 0", 1, 24, 1, eps=0.0)]),
 }
 
 VALID = [(factory, args, kwargs) for factory, (calls, _) in FACTORIES.items() for args, kwargs in calls]
@@ -160,6 +180,9 @@ EQUAL_SPELLINGS = [
     (fc(10), fc(10, True)),
     (cbr(8, 3, 1, 1), cbr(8, 3, 1, 1, 0.1, 1e-5)),
     (mbconv(6, 24, 2), mbconv(6, 24, 2, 3)),
+    (mbconv(6, 24, 2), mbconv(6, 24, 2, 3, "relu6", None, 0.0, 0, 0.1, 1e-5)),
+    (se(8), se(8, "sigmoid", "relu")),
+    (drop_path(0), drop_path(0.0)),
     (seq(relu(), [bn(), [gap()]]), seq(relu(), bn(), gap())),
     (BluePrint(BODY, "a"), BluePrint(seq(conv(8, 3, 1, 1), bn(), relu()), "b")),  # the name is not compared
 ]
