@@ -124,3 +124,15 @@ def test_drop_path_has_torchvisions_stochastic_depth_semantics(p):
     np.testing.assert_array_equal(dx, np.where(mask[:, None, None, None] == 1, dy * F32(1 / (1 - p)), F32(0)))
     module = tv.ops.StochasticDepth(p, "row").eval()
     assert torch.equal(module(torch.tensor(x)), torch.tensor(x))
+
+
+def test_hardsigmoid_at_its_kinks_matches_torch():
+    """PyTorch's gradient is 1/6 strictly inside (-3, 3): exactly at -3 and 3 it is 0."""
+    x = np.array([-4.0, -3.0, -2.5, 0.0, 2.5, 3.0, 4.0], F32)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    K.activation_forward(K.HARDSIGMOID, x, y, 0.0)
+    K.activation_backward(K.HARDSIGMOID, x, np.ones_like(x), dx, 0.0, False)
+    t = torch.tensor(x, requires_grad=True)
+    F.hardsigmoid(t).sum().backward()
+    np.testing.assert_array_equal(y, F.hardsigmoid(torch.tensor(x)).numpy())
+    np.testing.assert_allclose(dx, t.grad.numpy(), rtol=1e-7, atol=0)
