@@ -85,7 +85,7 @@ KINKS = {torch.nn.ReLU: (0.0,), torch.nn.ReLU6: (0.0, 6.0), torch.nn.Hardswish: 
 
 
 def _activation_inputs(net, x, train):
-    net = copy.deepcopy(net).train(train)
+    net = copy.deepcopy(net).train() if train else net.eval()   # a train-mode forward moves the BN statistics
     seen = []
     hooks = [m.register_forward_pre_hook(lambda module, args: seen.append((KINKS[type(module)],
                                                                            args[0].detach().double().numpy().copy())))
@@ -94,6 +94,7 @@ def _activation_inputs(net, x, train):
         _run(net, x)
     for hook in hooks:
         hook.remove()
+    net.train()
     return seen
 
 
