@@ -364,7 +364,8 @@ def table(batch):
     rows["gap 8x8x512"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 512)
     rows["softmax-ce 1000"] = lambda mem, rng: softmax_case(mem, rng, batch, 1000)
     rows["pool backward"] = lambda mem, rng: pool_backward_case(mem, rng, batch, 32, 64)
-    rows["squeeze-excitation + drop_path 14x14x480"] = lambda mem, rng: squeeze_excitation_case(mem, rng, batch, 14, 480)
+    rows["squeeze-excitation + drop_path 14x14x480"] = lambda mem, rng: squeeze_excitation_case(
+        mem, rng, batch, 14, 480)
     rows["elementwise small"] = lambda mem, rng: elementwise_case(mem, rng, batch * 1024)
     rows["bn eval residual + sgd"] = lambda mem, rng: residual_bn_case(mem, rng, batch * 1024, 64)
     n_params = PARAMETERS if batch == TIMING_BATCH else 1 << 16

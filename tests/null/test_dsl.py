@@ -308,8 +308,11 @@ LEAVES = st.one_of(
     st.tuples(st.just("group_conv"), st.tuples(st.integers(1, 8), st.integers(1, 8), window)
               .map(lambda a: (a[0] * a[1], a[1], *a[2]))),
     st.tuples(st.just("bn"), st.tuples(st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
-    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "flatten", "gap"]),
-              st.just(())),
+    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid",
+                               "flatten", "gap"]), st.just(())),
+    st.tuples(st.just("drop_path"), st.tuples(unit_open)),
+    st.tuples(st.just("se"), st.tuples(st.one_of(small, st.floats(0.01, 1.0)), st.sampled_from(["sigmoid", "hardsigmoid"]),
+                                       st.sampled_from(["relu", "silu"]))),
     st.tuples(st.just("leaky_relu"), st.tuples(unit_open)),
     st.tuples(st.just("dropout"), st.tuples(unit_open)),
     st.tuples(st.sampled_from(["fc", "gap_fc"]), st.tuples(small, st.booleans())),
@@ -322,6 +325,10 @@ LEAVES = st.one_of(
         st.tuples(small, st.sampled_from([BlockStyle.RESNET_3_3, BlockStyle.RESNET_3_3_DS])))),
     st.tuples(st.just("mbconv"), st.tuples(st.integers(1, 6), small, st.sampled_from([1, 2]),
                                            st.sampled_from([1, 3, 5, 7]))),
+    st.tuples(st.just("mbconv"), st.tuples(st.just(1), small, st.sampled_from([1, 2]), st.sampled_from([3, 5]),
+                                           st.sampled_from(["relu", "hardswish", "silu"]),
+                                           st.one_of(st.none(), st.builds(se, small, st.just("hardsigmoid"))),
+                                           unit_open, small, st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
 )
 NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,6}(\.[0-9]{1,2})?", fullmatch=True)
 
