@@ -8,7 +8,7 @@ from numba import cuda
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS, Prim
-from cuda_kernels import _batchnorm, _elementwise, _loss, _optim, _pool
+from cuda_kernels import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
 from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args
 
@@ -272,6 +272,33 @@ def elementwise_case(mem, rng, n):
                          "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * 16)
 
 
+def squeeze_excitation_case(mem, rng, batch, h, c):
+    """The squeeze-excitation scale (channel_mul forward and both gradients) and stochastic depth
+    (drop_path forward and backward) at an EfficientNet stage's shape."""
+    (hx, x), (hs, s) = mem.random(rng, (batch, h, h, c), np.float16), mem.random(rng, (batch, c), np.float16)
+    hdy, dy = mem.random(rng, (batch, h, h, c), np.float16)
+    y, dx, ds = mem.output(hx.shape, np.float16), mem.output(hx.shape, np.float16), mem.output(hs.shape, np.float16)
+    dropped, mask, ddropped = (mem.output(shape, t) for shape, t in ((hx.shape, np.float16), (batch, np.uint8),
+                                                                     (hx.shape, np.float16)))
+    step = mem.constant(np.array([17], np.int32))
+
+    def record(t):
+        _channel_mul.channel_mul_forward(t, x, s, y)
+        _channel_mul.channel_mul_backward(t, x, s, dy, dx, ds, False, False)
+        _drop_path.drop_path_forward(t, x, dropped, mask, 0.2, 99, step)
+        _drop_path.drop_path_backward(t, mask, dy, ddropped, 0.2, False)
+
+    def expected():
+        x64, s64, dy64 = (a.astype(np.float64) for a in (hx, hs, hdy))
+        rdx, rds = ref.channel_mul_backward(x64, s64, dy64)
+        ry, rmask = ref.drop_path_forward(x64, 0.2, 99, 17)
+        return {"y": (ref.channel_mul_forward(x64, s64), "fp16"), "dx": (rdx, "fp16"), "ds": (rds, "fp16"),
+                "drop_path y": (ry, "fp16"), "drop_path mask": (rmask, "exact"),
+                "drop_path dx": (ref.drop_path_backward(rmask, dy64, 0.2), "fp16")}
+    return Case(record, {"y": y, "dx": dx, "ds": ds, "drop_path y": dropped, "drop_path mask": mask,
+                         "drop_path dx": ddropped}, expected, 3 * hx.size, 2 * 10 * hx.size)
+
+
 def pool_backward_case(mem, rng, batch, h, c):
     """maxpool / avgpool forward+backward and the global-average-pool backward."""
     (hx, x), oh = mem.random(rng, (batch, h, h, c), np.float16), (h + 2 - 3) // 2 + 1
@@ -358,6 +385,8 @@ def table(batch):
     rows["gap 8x8x512"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 512)
     rows["softmax-ce 1000"] = lambda mem, rng: softmax_case(mem, rng, batch, 1000)
     rows["pool backward"] = lambda mem, rng: pool_backward_case(mem, rng, batch, 32, 64)
+    rows["squeeze-excitation + drop_path 14x14x480"] = lambda mem, rng: squeeze_excitation_case(
+        mem, rng, batch, 14, 480)
     rows["elementwise small"] = lambda mem, rng: elementwise_case(mem, rng, batch * 1024)
     rows["bn eval residual + sgd"] = lambda mem, rng: residual_bn_case(mem, rng, batch * 1024, 64)
     n_params = PARAMETERS if batch == TIMING_BATCH else 1 << 16

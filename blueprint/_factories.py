@@ -10,8 +10,8 @@ from numbers import Integral, Real
 
 from blueprint._layer import (
     BlockParams, BlockStyle, BnParams, CbrParams, CbrpParams, ChannelPaddingParams,
-    ConvParams, DepthwiseParams, DropoutParams, FcParams, GroupConvParams, Kind, Layer,
-    MbconvParams, NameParams, PoolParams, RepeatParams, SlopeParams,
+    ConvParams, DepthwiseParams, DropoutParams, DropPathParams, FcParams, GroupConvParams, Kind, Layer,
+    MbconvParams, NameParams, PoolParams, RepeatParams, SeParams, SlopeParams,
 )
 
 
@@ -201,6 +201,11 @@ def hardswish() -> Layer:
     return Layer(Kind.HARDSWISH)
 
 
+def hardsigmoid() -> Layer:
+    """PyTorch's Hardsigmoid: relu6(x + 3) / 6."""
+    return Layer(Kind.HARDSIGMOID)
+
+
 def gelu() -> Layer:
     """GELU, exact erf form (PyTorch's default)."""
     return Layer(Kind.GELU)
@@ -213,6 +218,49 @@ def dropout(p) -> Layer:
     dropout(0.2)
     """
     return Layer(Kind.DROPOUT, DropoutParams(_float("dropout", "p", p, 0.0, 1.0)))
+
+
+def drop_path(p) -> Layer:
+    """Stochastic depth (torchvision's `StochasticDepth(p, "row")`): in training each sample is
+    zeroed with probability `0 <= p < 1` and kept samples are scaled by 1/(1-p); identity in eval.
+
+    >>> drop_path(0.1)
+    drop_path(0.1)
+    """
+    return Layer(Kind.DROP_PATH, DropPathParams(_float("drop_path", "p", p, 0.0, 1.0)))
+
+
+#: what `se(gate=..., act=...)` and `mbconv(act=...)` accept (activation kind names)
+SE_GATES = ("sigmoid", "hardsigmoid")
+SE_ACTIVATIONS = ("relu", "silu")
+MBCONV_ACTIVATIONS = ("relu6", "relu", "hardswish", "silu")
+
+
+def _choice(factory: str, name: str, value, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{factory}(): {name} must be one of {', '.join(map(repr, choices))} (a str), got {value!r}")
+    if value not in choices:
+        raise ValueError(f"{factory}(): {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def se(squeeze, gate="sigmoid", act="relu") -> Layer:
+    """Squeeze-excitation (torchvision's `SqueezeExcitation`): global average pool, a 1x1 projection
+    with bias to `squeeze` channels (`fc1`), `act`, a 1x1 projection with bias back to the input
+    channels (`fc2`), `gate`, and the input multiplied channel-wise by the result. `squeeze` is a
+    channel count (int) or a fraction of the input channels (float in (0, 1]: max(1, int(C * f))).
+
+    >>> se(16, "hardsigmoid")
+    se(16, 'hardsigmoid')
+    """
+    if isinstance(squeeze, float):
+        squeeze = _float("se", "squeeze", squeeze, 0.0, 1.0, high_open=False)
+        if squeeze == 0.0:
+            raise ValueError("se(): a fractional squeeze must be in (0, 1], got 0.0")
+    else:
+        squeeze = _int("se", "squeeze", squeeze, 1)
+    return Layer(Kind.SE, SeParams(squeeze, _choice("se", "gate", gate, SE_GATES),
+                                   _choice("se", "act", act, SE_ACTIVATIONS)))
 
 
 def flatten() -> Layer:
@@ -309,12 +357,23 @@ def block(*args) -> Layer:
     return Layer(Kind.BLOCK, BlockParams(style, mid, out))
 
 
-def mbconv(expand_ratio, out_ch, stride, k=3) -> Layer:
-    """MobileNetV2 inverted residual: 1x1 expand (omitted when the ratio is 1) + BN + ReLU6,
-    k x k depthwise + BN + ReLU6, 1x1 project + BN; identity shortcut iff stride 1 and in = out.
+def mbconv(expand_ratio, out_ch, stride, k=3, act="relu6", se=None, drop_path=0.0, expanded_ch=0,
+           momentum=0.1, eps=1e-5) -> Layer:
+    """Inverted residual: 1x1 expand (omitted when the expanded width equals the input's) + BN + `act`,
+    k x k depthwise + BN + `act`, optional squeeze-excitation `se` (an `se(...)` layer), 1x1 project
+    + BN; identity shortcut iff stride 1 and in = out, with stochastic depth `drop_path` on the
+    residual branch (torchvision's MBConv: only where there is a shortcut). The expanded width is
+    `expanded_ch` if given (MobileNetV3's tables), else in_channels * `expand_ratio`; every BN uses
+    `momentum` and `eps`.
+
+    Parameter names: the MobileNetV2 form (relu6, no SE, no drop path) is torchvision's MobileNetV2
+    `InvertedResidual` (`conv.0.0`, ...); every other form is its MobileNetV3 / EfficientNet block
+    (`block.0.0`, ..., `block.2.fc1`). With `fuse=True` only the MobileNetV2 form fuses.
 
     >>> mbconv(6, 24, 2)
     mbconv(6, 24, 2)
+    >>> mbconv(1, 40, 2, 5, 'relu', se(32, 'hardsigmoid'), 0.0, 72, 0.01, 0.001)
+    mbconv(1, 40, 2, 5, 'relu', se(32, 'hardsigmoid'), 0.0, 72, 0.01, 0.001)
     """
     ratio = _int("mbconv", "expand_ratio", expand_ratio, 1)
     out = _int("mbconv", "out_ch", out_ch, 1)
@@ -324,4 +383,13 @@ def mbconv(expand_ratio, out_ch, stride, k=3) -> Layer:
     kernel = _int("mbconv", "k", k, 1)
     if kernel % 2 == 0:
         raise ValueError(f"mbconv(): k must be odd (padding is (k-1)/2), got {kernel}")
-    return Layer(Kind.MBCONV, MbconvParams(ratio, out, stride, kernel))
+    act = _choice("mbconv", "act", act, MBCONV_ACTIVATIONS)
+    if se is not None and (not isinstance(se, Layer) or se.kind is not Kind.SE):
+        raise TypeError(f"mbconv(): se must be None or an se(...) layer, got {se!r}")
+    drop = _float("mbconv", "drop_path", drop_path, 0.0, 1.0)
+    expanded = _int("mbconv", "expanded_ch", expanded_ch, 0)
+    if expanded and ratio != 1:
+        raise ValueError(f"mbconv(): give the expanded width either as expand_ratio ({ratio}) or as expanded_ch "
+                         f"({expanded}), not both; pass expand_ratio=1 with expanded_ch")
+    momentum, eps = _momentum_eps("mbconv", momentum, eps)
+    return Layer(Kind.MBCONV, MbconvParams(ratio, out, stride, kernel, act, se, drop, expanded, momentum, eps))

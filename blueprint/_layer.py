@@ -29,7 +29,9 @@ class Kind(enum.Enum):
     SILU = "silu"
     HARDSWISH = "hardswish"
     GELU = "gelu"
+    HARDSIGMOID = "hardsigmoid"
     DROPOUT = "dropout"
+    DROP_PATH = "drop_path"
     FLATTEN = "flatten"
     FC = "fc"
     MAXPOOL = "maxpool"
@@ -41,6 +43,7 @@ class Kind(enum.Enum):
     GAP_FC = "gap_fc"
     BLOCK = "block"
     MBCONV = "mbconv"
+    SE = "se"
 
 
 
@@ -116,6 +119,20 @@ class DropoutParams:
 
 
 @dataclass(frozen=True)
+class DropPathParams:
+    p: float
+
+
+@dataclass(frozen=True)
+class SeParams:
+    """Squeeze-excitation: `squeeze` channels (an int), or a fraction of the input channels (a float in
+    (0, 1]: max(1, int(C * fraction))); `gate` and `act` are activation kind names."""
+    squeeze: int | float
+    gate: str
+    act: str
+
+
+@dataclass(frozen=True)
 class FcParams:
     out_features: int
     bias: bool
@@ -167,6 +184,12 @@ class MbconvParams:
     out_channels: int
     stride: int
     kernel: int
+    act: str = "relu6"                 # activation kind name of the expand and depthwise stages
+    se: "Layer | None" = None          # an se(...) layer between the depthwise and the project stage
+    drop_path: float = 0.0             # stochastic depth on the residual branch (identity shortcut only)
+    expanded_channels: int = 0         # 0: in_channels * expand_ratio
+    momentum: float = 0.1              # of every BatchNorm in the block
+    eps: float = 1e-5
 
 
 # ---- the tree ----------------------------------------------------------------------------
@@ -340,8 +363,11 @@ def _args(layer: Layer) -> list[str]:
         return [] if p == _DEFAULT_BN else [repr(p.momentum), repr(p.eps)]
     if kind is Kind.LEAKY_RELU:
         return [repr(p.slope)]
-    if kind is Kind.DROPOUT:
+    if kind in (Kind.DROPOUT, Kind.DROP_PATH):
         return [repr(p.p)]
+    if kind is Kind.SE:
+        tail = [repr(p.gate), repr(p.act)] if p.act != "relu" else [repr(p.gate)] if p.gate != "sigmoid" else []
+        return [repr(p.squeeze)] + tail
     if kind in (Kind.FC, Kind.GAP_FC):
         return [str(p.out_features)] + ([] if p.bias else ["False"])
     if kind is Kind.CHANNEL_PADDING:
@@ -356,12 +382,26 @@ def _args(layer: Layer) -> list[str]:
         channels = [] if p.mid_channels is None else [str(p.mid_channels)]
         return channels + [str(p.out_channels), repr(p.style)]
     if kind is Kind.MBCONV:
-        return [str(p.expand_ratio), str(p.out_channels), str(p.stride)] + ([] if p.kernel == 3 else [str(p.kernel)])
+        return _mbconv_args(p)
     if kind is Kind.REPEAT:
         return [str(p.times)]
     if kind is Kind.NAMED:
         return [repr(p.name)]
     return []
+
+
+_MBCONV_DEFAULTS = MbconvParams(1, 1, 1, 3)
+_MBCONV_OPTIONAL = ("kernel", "act", "se", "drop_path", "expanded_channels", "momentum", "eps")
+
+
+def _mbconv_args(p: MbconvParams) -> list[str]:
+    """The three required arguments, then the optional ones up to the last that is not its default
+    (positional: the repr grammar has no keyword arguments)."""
+    optional = [getattr(p, name) for name in _MBCONV_OPTIONAL]
+    defaults = [getattr(_MBCONV_DEFAULTS, name) for name in _MBCONV_OPTIONAL]
+    while optional and optional[-1] == defaults[len(optional) - 1]:
+        optional.pop()
+    return [str(p.expand_ratio), str(p.out_channels), str(p.stride)] + [repr(v) for v in optional]
 
 
 def layer_code(layer: Layer) -> str:

@@ -39,6 +39,7 @@ class _Graph:
         self.plan, self.nodes, self.initializers = plan, [], []
         self.names = {plan.io["input"]: INPUT}
         self.param_names = {p.tensor: p.name for p in plan.params}
+        self.layouts = {p.tensor: p.torch_layout for p in plan.params}
         self.weights, self.added = weights, set()
 
     def input(self, op, role=Role.X) -> str:
@@ -115,9 +116,26 @@ def _gelu(g, layer, op, out):
 
 @ONNX.implements(Prim.FC, "forward")
 def _fc(g, layer, op, out):
+    weight = g.param(op, Role.WEIGHT)
+    if g.layouts[op.read(Role.WEIGHT)] == "conv1x1":   # an se projection: its PyTorch weight is (out, in, 1, 1)
+        weight = g.node("Flatten", [weight], out + ".weight2d", axis=1)
     bias = [g.param(op, Role.BIAS)] if op.read(Role.BIAS) is not None else []
-    inputs = [g.input(op), g.param(op, Role.WEIGHT)] + bias
-    return g.node("Gemm", inputs, out, transB=1)
+    return g.node("Gemm", [g.input(op), weight] + bias, out, transB=1)
+
+
+@ONNX.implements(Prim.HARDSIGMOID, "forward")
+def _hardsigmoid(g, layer, op, out):
+    """PyTorch's relu6(x + 3) / 6; ONNX's HardSigmoid defaults to alpha=0.2, so both are given."""
+    return g.node("HardSigmoid", [g.input(op)], out, alpha=1.0 / 6.0, beta=0.5)
+
+
+@ONNX.implements(Prim.CHANNEL_MUL, "forward")
+def _channel_mul(g, layer, op, out):
+    """x (N, C, H, W) * s (N, C) -> s unsqueezed to (N, C, 1, 1), broadcast."""
+    from onnx import numpy_helper
+    g.initializers.append(numpy_helper.from_array(np.asarray([2, 3], np.int64), out + ".axes"))
+    scale = g.node("Unsqueeze", [g.input(op, Role.S), out + ".axes"], out + ".scale")
+    return g.node("Mul", [g.input(op), scale], out)
 
 
 @ONNX.implements(Prim.FLATTEN, "forward")
@@ -156,7 +174,8 @@ def _add(g, layer, op, out):
 
 
 for _prim, _node in ((Prim.RELU, "Relu"), (Prim.SIGMOID, "Sigmoid"), (Prim.TANH, "Tanh"),
-                     (Prim.HARDSWISH, "HardSwish"), (Prim.DROPOUT, "Identity")):   # one ONNX node of the same name
+                     (Prim.HARDSWISH, "HardSwish"), (Prim.DROPOUT, "Identity"),
+                     (Prim.DROP_PATH, "Identity")):   # one ONNX node of the same name
     ONNX.register(_prim, "forward", _simple(_node))
 
 

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from blueprint._factories import (
-    block, bn, cbr, cbrp, conv, dropout, fc, flatten, gap, maxpool, mbconv, named, relu, relu6, repeat, seq,
+    block, bn, cbr, cbrp, conv, dropout, fc, flatten, gap, hardswish, maxpool, mbconv, named, relu, relu6, repeat,
+    se, seq, silu,
 )
 from blueprint._layer import BlockStyle, BluePrint, Layer
+
+_dropout = dropout   # the MobileNetV3 / EfficientNet builders take a `dropout` argument, as torchvision's
 
 
 def _stage(name: str, first: Layer, rest: Layer, count: int) -> Layer:
@@ -131,6 +134,81 @@ def mobilenet_v2(num_classes: int = 1000) -> BluePrint:
     return BluePrint(root, "mobilenet_v2")
 
 
+def _make_divisible(value: float, divisor: int = 8) -> int:
+    """torchvision's `_make_divisible`: the nearest multiple of `divisor`, never below 90% of `value`."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
+# MobileNetV3 (input, kernel, expanded, out, SE, activation, stride), torchvision's tables (width 1.0)
+_MOBILENET_V3_LARGE = (
+    (16, 3, 16, 16, False, "relu", 1), (16, 3, 64, 24, False, "relu", 2), (24, 3, 72, 24, False, "relu", 1),
+    (24, 5, 72, 40, True, "relu", 2), (40, 5, 120, 40, True, "relu", 1), (40, 5, 120, 40, True, "relu", 1),
+    (40, 3, 240, 80, False, "hardswish", 2), (80, 3, 200, 80, False, "hardswish", 1),
+    (80, 3, 184, 80, False, "hardswish", 1), (80, 3, 184, 80, False, "hardswish", 1),
+    (80, 3, 480, 112, True, "hardswish", 1), (112, 3, 672, 112, True, "hardswish", 1),
+    (112, 5, 672, 160, True, "hardswish", 2), (160, 5, 960, 160, True, "hardswish", 1),
+    (160, 5, 960, 160, True, "hardswish", 1),
+)
+_MOBILENET_V3_SMALL = (
+    (16, 3, 16, 16, True, "relu", 2), (16, 3, 72, 24, False, "relu", 2), (24, 3, 88, 24, False, "relu", 1),
+    (24, 5, 96, 40, True, "hardswish", 2), (40, 5, 240, 40, True, "hardswish", 1),
+    (40, 5, 240, 40, True, "hardswish", 1), (40, 5, 120, 48, True, "hardswish", 1),
+    (48, 5, 144, 48, True, "hardswish", 1), (48, 5, 288, 96, True, "hardswish", 2),
+    (96, 5, 576, 96, True, "hardswish", 1), (96, 5, 576, 96, True, "hardswish", 1),
+)
+_MOBILENET_V3_BN = (0.01, 0.001)   # torchvision's norm_layer for MobileNetV3: momentum 0.01, eps 0.001
+
+
+def _mobilenet_v3(setting, last_channel: int, num_classes: int, dropout_p: float, name: str) -> BluePrint:
+    features = [seq(conv(setting[0][0], 3, 2, 1), bn(*_MOBILENET_V3_BN), hardswish())]
+    for in_ch, k, expanded, out, use_se, act, stride in setting:
+        gate = se(_make_divisible(expanded // 4), "hardsigmoid") if use_se else None
+        features.append(mbconv(1, out, stride, k, act, gate, 0.0, expanded, *_MOBILENET_V3_BN))
+    last_in = setting[-1][3]
+    features.append(seq(conv(6 * last_in, 1, 1, 0), bn(*_MOBILENET_V3_BN), hardswish()))
+    classifier = seq(fc(last_channel), hardswish(), _dropout(dropout_p), fc(num_classes))
+    return BluePrint(seq(named("features", seq(features)), gap(), named("classifier", classifier)), name)
+
+
+def mobilenet_v3_large(num_classes: int = 1000, dropout: float = 0.2) -> BluePrint:
+    """torchvision's MobileNetV3-Large (width 1.0): 15 inverted residuals with hardswish / ReLU,
+    squeeze-excitation with a hardsigmoid gate, BN momentum 0.01 and eps 0.001, `dropout` in the
+    classifier (torchvision's argument of that name); 224x224x3 input."""
+    return _mobilenet_v3(_MOBILENET_V3_LARGE, 1280, num_classes, dropout, "mobilenet_v3_large")
+
+
+def mobilenet_v3_small(num_classes: int = 1000, dropout: float = 0.2) -> BluePrint:
+    """torchvision's MobileNetV3-Small (width 1.0): 11 inverted residuals; 224x224x3 input."""
+    return _mobilenet_v3(_MOBILENET_V3_SMALL, 1024, num_classes, dropout, "mobilenet_v3_small")
+
+
+# EfficientNet-B0 (expand ratio, kernel, first stride, input, out, blocks), torchvision's table
+_EFFICIENTNET_B0 = ((1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+                    (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1))
+
+
+def efficientnet_b0(num_classes: int = 1000, dropout: float = 0.2, stochastic_depth_prob: float = 0.2) -> BluePrint:
+    """torchvision's EfficientNet-B0: SiLU MBConv blocks with squeeze-excitation (max(1, in // 4)
+    channels, sigmoid gate), stochastic depth rising linearly from 0 to `stochastic_depth_prob` over the
+    16 blocks (applied where a block has its identity shortcut), `dropout` before the classifier
+    (torchvision's arguments of those names); 224x224x3 input."""
+    total = sum(row[-1] for row in _EFFICIENTNET_B0)
+    features, block_id = [seq(conv(32, 3, 2, 1), bn(), silu())], 0
+    for ratio, k, stride, in_ch, out, count in _EFFICIENTNET_B0:
+        stage = []
+        for index in range(count):
+            block_in = in_ch if index == 0 else out
+            p = stochastic_depth_prob * block_id / total
+            stage.append(mbconv(ratio, out, stride if index == 0 else 1, k, "silu", se(max(1, block_in // 4),
+                                "sigmoid", "silu"), p))
+            block_id += 1
+        features.append(seq(stage))
+    features.append(seq(conv(1280, 1, 1, 0), bn(), silu()))
+    classifier = seq(_dropout(dropout), fc(num_classes))
+    return BluePrint(seq(named("features", seq(features)), gap(), named("classifier", classifier)), "efficientnet_b0")
+
+
 def mlp(sizes=(784, 1024, 512, 256, 10)) -> BluePrint:
     """A ReLU MLP; `sizes[0]` is the input feature count, the rest are the fc widths.
     Parameter names match `torch.nn.Sequential(Linear, ReLU, ..., Linear)`: `0.weight`, `2.weight`, ...
@@ -190,4 +268,7 @@ MODELS: dict[str, ZooEntry] = _ModelTable({
     "vgg11_bn": ZooEntry(vgg11_bn, (224, 224, 3), 1000, "torchvision VGG-11-BN (conv without bias)"),
     "vgg16_bn": ZooEntry(vgg16_bn, (224, 224, 3), 1000, "torchvision VGG-16-BN (conv without bias)"),
     "mobilenet_v2": ZooEntry(mobilenet_v2, (224, 224, 3), 1000, "torchvision MobileNetV2"),
+    "mobilenet_v3_large": ZooEntry(mobilenet_v3_large, (224, 224, 3), 1000, "torchvision MobileNetV3-Large"),
+    "mobilenet_v3_small": ZooEntry(mobilenet_v3_small, (224, 224, 3), 1000, "torchvision MobileNetV3-Small"),
+    "efficientnet_b0": ZooEntry(efficientnet_b0, (224, 224, 3), 1000, "torchvision EfficientNet-B0"),
 })

@@ -106,6 +106,16 @@ def _hardswish_grad(x, g, alpha):
 
 
 @njit(cache=True, inline="always")
+def _hardsigmoid(x, alpha):
+    return min(max(x + _THREE, _ZERO), _SIX) / _SIX
+
+
+@njit(cache=True, inline="always")
+def _hardsigmoid_grad(x, g, alpha):
+    return g / _SIX if -_THREE < x < _THREE else _ZERO
+
+
+@njit(cache=True, inline="always")
 def _gelu(x, alpha):
     return np.float32(0.5 * x * (1.0 + math.erf(x * _INV_SQRT2)))
 
@@ -157,6 +167,7 @@ pointwise(Prim.TANH, _tanh, _tanh_grad)
 pointwise(Prim.SILU, _silu, _silu_grad)
 pointwise(Prim.HARDSWISH, _hardswish, _hardswish_grad)
 pointwise(Prim.GELU, _gelu, _gelu_grad)
+pointwise(Prim.HARDSIGMOID, _hardsigmoid, _hardsigmoid_grad)
 
 
 def _kernels(prim):

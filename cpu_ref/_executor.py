@@ -226,6 +226,21 @@ def _add_fwd(ex, layer, op, views):
     K.add_forward(_v(op, views, "a"), _v(op, views, "b"), _v(op, views, "y", True))
 
 
+@CPU.implements(Prim.CHANNEL_MUL, "forward")
+def _channel_mul_fwd(ex, layer, op, views):
+    K.channel_mul_forward(_v(op, views, Role.X), _v(op, views, Role.S), _v(op, views, Role.Y, True))
+
+
+@CPU.implements(Prim.DROP_PATH, "forward")
+def _drop_path_fwd(ex, layer, op, views):
+    x, y = _v(op, views, "x"), _v(op, views, "y", True)
+    if op.attr("training"):
+        K.drop_path_forward(x, y, _v(op, views, Role.MASK, True), layer.param("p"), dropout_seed(ex.seed, op.layer),
+                            ex.step_count)   # unfused: layer index == position
+    else:
+        y[...] = x
+
+
 # backward handlers
 def _acc(op, role=Role.DX):
     """Whether the input gradient written in `role` adds onto what an earlier op wrote there."""
@@ -300,6 +315,19 @@ def _add_bwd(ex, layer, op, views):
         target = _v(op, views, role, True)
         if target is not None:
             K.accumulate_into(target, dy, _acc(op, role))
+
+
+@CPU.implements(Prim.CHANNEL_MUL, "backward")
+def _channel_mul_bwd(ex, layer, op, views):
+    K.channel_mul_backward(_v(op, views, Role.X), _v(op, views, Role.S), _v(op, views, Role.DY),
+                           _v(op, views, Role.DX, True), _v(op, views, Role.DS, True), _acc(op, Role.DX),
+                           _acc(op, Role.DS))
+
+
+@CPU.implements(Prim.DROP_PATH, "backward")
+def _drop_path_bwd(ex, layer, op, views):
+    K.drop_path_backward(_v(op, views, Role.MASK), _v(op, views, Role.DY), _v(op, views, Role.DX, True),
+                         layer.param("p"), _acc(op))
 
 
 # activations: those with kernels in cpu_ref/_activation.py (a missing one fails CPU.check_plan)

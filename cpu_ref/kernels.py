@@ -4,7 +4,9 @@ Kernels write into the arrays they are given (C-contiguous fp32 views, NHWC) and
 allocate nothing large; ``planner.reference`` is their spec.
 """
 from cpu_ref._activation import ACTIVATION_KERNELS, activation_backward, activation_forward
+from cpu_ref._channel_mul import channel_mul_backward, channel_mul_forward
 from cpu_ref._conv import conv2d_backward, conv2d_forward
+from cpu_ref._drop_path import drop_path_backward, drop_path_forward
 from cpu_ref._linear import linear_backward, linear_forward
 from cpu_ref._loss import softmax_cross_entropy
 from cpu_ref._misc import (accumulate_into, add_forward, channel_pad_backward, channel_pad_forward, dropout_backward,
@@ -23,6 +25,7 @@ __all__ = [
     "linear_forward", "linear_backward",
     "add_forward", "accumulate_into", "dropout_forward", "dropout_backward",
     "channel_pad_forward", "channel_pad_backward",
+    "channel_mul_forward", "channel_mul_backward", "drop_path_forward", "drop_path_backward",
     "softmax_cross_entropy",
     "sgd_step", "adam_step",
 ]

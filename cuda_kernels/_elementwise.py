@@ -119,6 +119,16 @@ def _gelu_grad(s, g, alpha):
     return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
 
 
+@cuda.jit(device=True)
+def _hardsigmoid(v, alpha):
+    return min(max(v + _THREE, ZERO), _SIX) * _SIXTH
+
+
+@cuda.jit(device=True)
+def _hardsigmoid_grad(s, g, alpha):
+    return g * _SIXTH if (s > -_THREE and s < _THREE) else ZERO
+
+
 class _Pointwise(NamedTuple):
     forward: KernelSpec
     backward: KernelSpec
@@ -154,6 +164,7 @@ pointwise(Prim.TANH, _tanh, _tanh_grad)
 pointwise(Prim.SILU, _silu, _silu_grad)
 pointwise(Prim.HARDSWISH, _hardswish, _hardswish_grad)
 pointwise(Prim.GELU, _gelu, _gelu_grad)
+pointwise(Prim.HARDSIGMOID, _hardsigmoid, _hardsigmoid_grad)
 
 
 def _kernels(prim):

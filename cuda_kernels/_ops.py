@@ -30,19 +30,15 @@ from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
 from planner.ops import OPS, Prim
-from planner.plan import PARAM_GRADIENT, Role
+from planner.plan import GRADIENT_ROLES, INPUT_ROLES, PARAM_GRADIENT, Role
 
-from . import _batchnorm, _elementwise, _loss, _optim, _pool
+from . import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
 from ._collective import SINGLE_REPLICA
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
 
 BATCHNORM = (Prim.BN2D, Prim.BN1D)
 FUSABLE_ACTIVATIONS = frozenset(kind for kind in _batchnorm.CLAMP if kind is not None)   # what the BN apply takes
-
-
-def input_roles(prim):
-    return (Role.A, Role.B) if prim.kind == Prim.ADD else (Role.X,)
 
 
 def as_2d(a):
@@ -251,6 +247,21 @@ def _dropout_forward(launcher, ov, step, mode):
         _elementwise.accumulate_into(launcher, y, x, False)
 
 
+@CUDA.implements(Prim.DROP_PATH, "forward")
+def _drop_path_forward(launcher, ov, step, mode):
+    x, y = step.inputs[0], step.out
+    if mode == "train":
+        _drop_path.drop_path_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)), step.prim.param("p"),
+                                     dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
+    else:
+        _elementwise.accumulate_into(launcher, y, x, False)
+
+
+@CUDA.implements(Prim.CHANNEL_MUL, "forward")
+def _channel_mul_forward(launcher, ov, step, mode):
+    _channel_mul.channel_mul_forward(launcher, step.inputs[0], step.inputs[1], step.out)
+
+
 def record_forward(launcher, ctx, op):
     ov = _OpView(ctx, op, ctx.plan.arch.layers[op.layer])
     values, steps = {}, []
@@ -258,7 +269,7 @@ def record_forward(launcher, ctx, op):
     keep.add(ov.layer.output)
     for position, prim in ov.prims:
         inputs = [values[v] if v in values else ov.read(role, ov.at(position))
-                  for role, v in zip(input_roles(prim), prim.inputs)]
+                  for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
         out = ov.written(Role.Y, ov.at(position))
         values[prim.output] = out
         steps.append(_Step(position, prim, inputs, out))
@@ -400,10 +411,19 @@ def _dparam(ov, position, role):
 
 @CUDA.implements(Prim.ADD, "backward")
 def _add_backward(launcher, ov, grads, values, position, prim, dy):
-    for role, value in zip((Role.DA, Role.DB), prim.inputs):
+    for role, value in zip(GRADIENT_ROLES[Prim.ADD], prim.inputs):
         target, accumulate = grads.target(value, role)
         if target is not None:
             _elementwise.accumulate_into(launcher, target, dy, accumulate)
+
+
+@CUDA.implements(Prim.CHANNEL_MUL, "backward")
+def _channel_mul_backward(launcher, ov, grads, values, position, prim, dy):
+    (dx, accumulate_dx), (ds, accumulate_ds) = (grads.target(value, role)
+                                                for role, value in zip(GRADIENT_ROLES[Prim.CHANNEL_MUL], prim.inputs))
+    at = ov.at(position)
+    _channel_mul.channel_mul_backward(launcher, ov.read(Role.X, at), ov.read(Role.S, at), dy, dx, ds, accumulate_dx,
+                                      accumulate_ds)
 
 
 @CUDA.implements(Prim.CONV, "backward")
@@ -472,9 +492,14 @@ def _dropout_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
     _elementwise.dropout_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
 
 
+def _drop_path_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
+    _drop_path.drop_path_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
+
+
 for _prim, _backward in ((Prim.GAP, _gap_backward), (Prim.FLATTEN, _flatten_backward),
                          (Prim.MAXPOOL, _maxpool_backward), (Prim.AVGPOOL, _avgpool_backward),
-                         (Prim.CHANNEL_PAD, _channel_pad_backward), (Prim.DROPOUT, _dropout_backward)):
+                         (Prim.CHANNEL_PAD, _channel_pad_backward), (Prim.DROPOUT, _dropout_backward),
+                         (Prim.DROP_PATH, _drop_path_backward)):
     CUDA.register(_prim, "backward", _input_only(_backward))
 # activations: those with kernels in cuda_kernels/_elementwise.py (a missing one fails CUDA.check_plan)
 for _prim in _elementwise.ACTIVATION_KERNELS:

@@ -127,7 +127,8 @@ def check_args(spec, args, host_stand_ins=False):
             raise TypeError(f"{spec.name}: argument {name!r} expects {expected}, got {got}")
 
 
-KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_depthwise", "_linear", "_loss", "_optim")
+KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_depthwise", "_linear", "_loss", "_optim",
+                  "_channel_mul", "_drop_path")
 
 
 def all_kernels():

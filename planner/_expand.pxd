@@ -6,7 +6,7 @@ ctypedef (Py_ssize_t, Py_ssize_t, int) Flow    # what every walk step returns: v
 
 cdef object SEQ, REPEAT, NAMED, ADD2, BLOCK, MBCONV, CBR, CBRP, GAP_FC
 cdef object IDENTITY, CONV, CONV_DW, GROUP_CONV, BN, FLATTEN, FC
-cdef object MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING
+cdef object MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING, SE, DROP_PATH
 cdef tuple NO_PARAMS
 cdef dict KIND_NAME, PRESERVING, STYLE
 
@@ -56,6 +56,12 @@ cdef class _Walker:
     cdef Flow walk_leaf(self, object layer, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path,
                         Py_ssize_t group, str group_kind)
 
+    cdef Flow drop_path(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path,
+                        Py_ssize_t group, str group_kind)
+
+    @cython.locals(squeeze=Py_ssize_t, group=Py_ssize_t, x=Py_ssize_t)
+    cdef Flow walk_se(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
+
     @cython.locals(group=Py_ssize_t, pooled=bint)
     cdef Flow walk_cbr(self, object layer, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
 
@@ -67,3 +73,7 @@ cdef class _Walker:
     @cython.locals(group=Py_ssize_t, x=Py_ssize_t, in_ch=Py_ssize_t, hidden=Py_ssize_t, index=Py_ssize_t,
                    conv_prefix=str, dw=str)
     cdef Flow walk_mbconv(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
+
+    @cython.locals(group=Py_ssize_t, x=Py_ssize_t, in_ch=Py_ssize_t, hidden=Py_ssize_t, index=Py_ssize_t,
+                   block_prefix=str, stage=str)
+    cdef Flow walk_mbconv_v3(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)

@@ -22,6 +22,7 @@ BLOCK, MBCONV, CBR, CBRP, GAP_FC = Kind.BLOCK, Kind.MBCONV, Kind.CBR, Kind.CBRP,
 IDENTITY, CONV, CONV_DW, GROUP_CONV, BN = Kind.IDENTITY, Kind.CONV, Kind.CONV_DW, Kind.GROUP_CONV, Kind.BN
 FLATTEN, FC = Kind.FLATTEN, Kind.FC
 MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING = Kind.MAXPOOL, Kind.AVGPOOL, Kind.GAP, Kind.CHANNEL_PADDING
+SE, DROP_PATH = Kind.SE, Kind.DROP_PATH
 NO_PARAMS = ()
 
 # An enum member's `.value`, `__hash__` and BlockStyle's properties are Python-level calls; the
@@ -66,6 +67,8 @@ class _Walker:
             return self.walk_block(layer.params, value, ch, rank, prefix, path)
         if kind is MBCONV:
             return self.walk_mbconv(layer.params, value, ch, rank, prefix, path)
+        if kind is SE:
+            return self.walk_se(layer.params, value, ch, rank, prefix, path)
         if kind is CBR or kind is CBRP:
             return self.walk_cbr(layer, value, ch, rank, prefix, path)
         if kind is GAP_FC:
@@ -155,6 +158,8 @@ class _Walker:
                              group, group_kind)
         if kind is BN:
             return self.bn(p.momentum, p.eps, value, ch, rank, prefix, path, group, group_kind)
+        if kind is DROP_PATH:   # p = 0 is the identity; also emitted by mbconv
+            return self.drop_path(p.p, value, ch, rank, prefix, path, group, group_kind)
         rule = PRESERVING.get(id(kind))
         if rule is not None:
             name, attrs = rule
@@ -178,6 +183,27 @@ class _Walker:
             return self.emit("channel_pad", (("out_channels", out_ch),), (value,), ch, out_ch, 4, prefix, path, group,
                              group_kind), out_ch, 4
         raise ExpandError(f"{path}: no expansion rule for layer kind {kind.value!r}")
+
+    def drop_path(self, p, value, ch, rank, prefix, path, group, group_kind):
+        kind, params = ("drop_path", (("p", p),)) if p > 0 else ("identity", NO_PARAMS)   # p = 0: the identity
+        return self.emit(kind, params, (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
+
+    def walk_se(self, p, value, ch, rank, prefix, path):
+        """gap -> fc1 -> act -> fc2 -> gate -> x * gate (torchvision's SqueezeExcitation, its names). Group kind
+        "se": never fused, and its fc weights are 1x1 convolutions in PyTorch (planner/schedule.py)."""
+        self.need_rank4("se", rank, path)
+        squeeze = max(1, int(ch * p.squeeze)) if isinstance(p.squeeze, float) else p.squeeze
+        group = self.new_group()
+        x = value
+        value = self.emit("gap", NO_PARAMS, (x,), ch, ch, 2, prefix, path + ".avgpool", group, "se")
+        value = self.emit("fc", (("bias", True), ("out_features", squeeze)), (value,), ch, squeeze, 2,
+                          _join(prefix, "fc1"), path + ".fc1", group, "se")
+        value = self.emit(p.act, NO_PARAMS, (value,), squeeze, squeeze, 2, prefix, path + ".activation", group, "se")
+        value = self.emit("fc", (("bias", True), ("out_features", ch)), (value,), squeeze, ch, 2,
+                          _join(prefix, "fc2"), path + ".fc2", group, "se")
+        value = self.emit(p.gate, NO_PARAMS, (value,), ch, ch, 2, prefix, path + ".scale_activation", group, "se")
+        value = self.emit("channel_mul", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".scale", group, "se")
+        return value, ch, 4
 
     def walk_cbr(self, layer, value, ch, rank, prefix, path):
         p = layer.params
@@ -230,16 +256,18 @@ class _Walker:
 
     def walk_mbconv(self, p, value, ch, rank, prefix, path):
         self.need_rank4("mbconv", rank, path)
+        if p.act != "relu6" or p.se is not None or p.drop_path > 0:
+            return self.walk_mbconv_v3(p, value, ch, rank, prefix, path)
         group = self.new_group()
         x, in_ch = value, ch
-        hidden = int(round(in_ch * p.expand_ratio))
+        hidden = p.expanded_channels or int(round(in_ch * p.expand_ratio))
         conv_prefix = _join(prefix, "conv")
         index = 0
-        if p.expand_ratio != 1:
+        if hidden != in_ch:
             value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, "0.0"),
                                         path + ".expand", group, "inv_residual")
-            value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, "0.1"), path + ".expand_bn",
-                                      group, "inv_residual")
+            value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(conv_prefix, "0.1"),
+                                      path + ".expand_bn", group, "inv_residual")
             value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".expand_relu6", group,
                                        "inv_residual")
             index = 1
@@ -247,16 +275,55 @@ class _Walker:
         pad = (p.kernel - 1) // 2
         value, ch, rank = self.conv(ch, p.kernel, p.stride, pad, 0, value, ch, rank, _join(dw, "0"),
                                     path + ".depthwise", group, "inv_residual")
-        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(dw, "1"), path + ".depthwise_bn", group,
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(dw, "1"), path + ".depthwise_bn", group,
                                   "inv_residual")
         value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".depthwise_relu6", group,
                                    "inv_residual")
         value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, str(index + 1)),
                                     path + ".project", group, "inv_residual")
-        value, ch, rank = self.bn(0.1, 1e-5, value, ch, rank, _join(conv_prefix, str(index + 2)),
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(conv_prefix, str(index + 2)),
                                   path + ".project_bn", group, "inv_residual")
         if p.stride == 1 and in_ch == p.out_channels:
             value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "inv_residual")
+        return value, ch, rank
+
+    def walk_mbconv_v3(self, p, value, ch, rank, prefix, path):
+        """MobileNetV3 / EfficientNet form: any activation, SE, stochastic depth; torchvision's `block.<i>`
+        names. Group kind "mbconv": no fused kind expresses it, so its primitives stay unfused."""
+        group = self.new_group()
+        x, in_ch = value, ch
+        hidden = p.expanded_channels or int(round(in_ch * p.expand_ratio))
+        block_prefix = _join(prefix, "block")
+        index = 0
+        if hidden != in_ch:
+            stage = _join(block_prefix, "0")
+            value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(stage, "0"), path + ".expand",
+                                        group, "mbconv")
+            value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".expand_bn",
+                                      group, "mbconv")
+            value, ch, rank = self.act(p.act, NO_PARAMS, value, ch, rank, stage, path + ".expand_" + p.act, group,
+                                       "mbconv")
+            index = 1
+        stage = _join(block_prefix, str(index))
+        value, ch, rank = self.conv(ch, p.kernel, p.stride, (p.kernel - 1) // 2, 0, value, ch, rank,
+                                    _join(stage, "0"), path + ".depthwise", group, "mbconv")
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".depthwise_bn",
+                                  group, "mbconv")
+        value, ch, rank = self.act(p.act, NO_PARAMS, value, ch, rank, stage, path + ".depthwise_" + p.act, group,
+                                   "mbconv")
+        index += 1
+        if p.se is not None:
+            value, ch, rank = self.walk_se(p.se.params, value, ch, rank, _join(block_prefix, str(index)), path + ".se")
+            index += 1
+        stage = _join(block_prefix, str(index))
+        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(stage, "0"),
+                                    path + ".project", group, "mbconv")
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".project_bn",
+                                  group, "mbconv")
+        if p.stride == 1 and in_ch == p.out_channels:
+            value, ch, rank = self.drop_path(p.drop_path, value, ch, rank, prefix, path + ".stochastic_depth", group,
+                                             "mbconv")
+            value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "mbconv")
         return value, ch, rank
 
 

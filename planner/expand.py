@@ -178,7 +178,7 @@ def merge_pairs(layers: list[ArchLayer]) -> list[ArchLayer]:
     while index < len(layers):
         pair = layers[index:index + 2]
         if (len(pair) == 2 and [l.kind for l in pair] == ["gap", "fc"] and pair[1].inputs == (pair[0].output,)
-                and uses[pair[0].output] == 1):
+                and uses[pair[0].output] == 1 and pair[0].group_kind != "se"):   # an se stays unfused
             out.append(_fused("gap_fc", pair, ()))
             index += 2
         else:

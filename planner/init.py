@@ -44,6 +44,8 @@ def _move_channels(spec, value: np.ndarray, axes: tuple[int, ...]) -> np.ndarray
     value = np.asarray(value)
     if spec.torch_layout == "ohwi":
         return np.array(value.transpose(axes), order="C")
+    if spec.torch_layout == "conv1x1":   # an se projection: (out, in) here, (out, in, 1, 1) in PyTorch
+        return np.array(value.reshape(value.shape[:2] + ((1, 1) if axes == CHANNELS_FIRST else ())), order="C")
     if spec.torch_layout == "fc_hwc" and len(spec.flatten_from) == 3:
         h, w, c = spec.flatten_from
         blocks = value.reshape(-1, h, w, c) if axes == CHANNELS_FIRST else value.reshape(-1, c, h, w)
@@ -64,4 +66,6 @@ def from_torch_layout(spec, value: np.ndarray) -> np.ndarray:
 def torch_shape(spec) -> tuple[int, ...]:
     if spec.torch_layout == "ohwi":
         return tuple(spec.shape[axis] for axis in CHANNELS_FIRST)
+    if spec.torch_layout == "conv1x1":
+        return tuple(spec.shape) + (1, 1)
     return tuple(spec.shape)

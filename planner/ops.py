@@ -59,7 +59,9 @@ class Prim(enum.StrEnum):
     SILU = "silu"
     HARDSWISH = "hardswish"
     GELU = "gelu"
+    HARDSIGMOID = "hardsigmoid"
     DROPOUT = "dropout"
+    DROP_PATH = "drop_path"
     FLATTEN = "flatten"
     FC = "fc"
     MAXPOOL = "maxpool"
@@ -67,6 +69,7 @@ class Prim(enum.StrEnum):
     GAP = "gap"
     CHANNEL_PAD = "channel_pad"
     ADD = "add"
+    CHANNEL_MUL = "channel_mul"
     SOFTMAX_CE = "softmax_ce"
 
     @property
@@ -92,6 +95,8 @@ class OpRow:
     directions: tuple[str, ...] = TRAIN
     activation: bool = False      # pointwise f(x, alpha) with a reference pair (f, grad) of that form
     train_only_extras: bool = True  # False: eval graphs plan the saved extras too, as forward workspaces
+    inputs: tuple[str, ...] = ("x",)  # the operand roles (planner.plan.Role values) of its inputs, in order;
+                                      # each input's gradient role is "d" + its role
 
 
 _ROWS: dict[Prim, OpRow] = {}
@@ -207,6 +212,7 @@ activation(Prim.TANH, "output", R.tanh, R.tanh_grad)
 activation(Prim.SILU, "input", R.silu, R.silu_grad)
 activation(Prim.HARDSWISH, "input", R.hardswish, R.hardswish_grad)
 activation(Prim.GELU, "input", R.gelu, R.gelu_grad)
+activation(Prim.HARDSIGMOID, "input", R.hardsigmoid, R.hardsigmoid_grad)
 
 # ---- regularisation, reshapes, sums ------------------------------------------------------------
 DROPOUT_MASK = Extra("mask", "uint8", saved=True)
@@ -223,7 +229,25 @@ def _add_shape(layer, shapes):
     return shapes[0]
 
 
-register(OpRow(Prim.ADD, (), _add_shape, _none, _zero, (), _none, R.add_forward, R.add_backward))
+register(OpRow(Prim.ADD, (), _add_shape, _none, _zero, (), _none, R.add_forward, R.add_backward, inputs=("a", "b")))
+
+
+# ---- channel_mul: x (N, H, W, C) * s (N, C), the squeeze-excitation scale; backward reads both inputs ----
+def _channel_mul_shape(layer, shapes):
+    x, s = shapes
+    if len(x) != 4 or s != (x[0], x[3]):
+        raise ShapeError(f"{layer.path}: channel_mul multiplies an NHWC tensor by one value per sample and channel; "
+                         f"expected a scale of shape {(x[0], x[-1])} for the input {x}, got {s}")
+    return x
+
+
+register(OpRow(Prim.CHANNEL_MUL, (), _channel_mul_shape, _none, _zero, ("input",), _none, R.channel_mul_forward,
+               R.channel_mul_backward, inputs=("x", "s")))
+
+# ---- drop_path: stochastic depth, one keep flag per sample (saved for backward) -----------------------------
+DROP_PATH_MASK = Extra("mask", "uint8", saved=True)
+register(OpRow(Prim.DROP_PATH, ("p",), _same, _none, _zero, (), lambda layer, shapes, out: [(DROP_PATH_MASK, (out[0],))],
+               R.drop_path_forward, R.drop_path_backward))
 
 
 def _channel_pad_shape(layer, shapes):

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from planner._arch import ArchLayer, ArchPlan
+from planner.ops import OPS
 
 Shape = tuple[int, ...]
 
@@ -50,6 +51,7 @@ class Role(StrEnum):
     X = "x"
     A = "a"                    # add's two inputs
     B = "b"
+    S = "s"                    # channel_mul's per-sample, per-channel scale
     Y = "y"
     # parameters and BN statistics (the registry's parameter suffixes)
     WEIGHT = "weight"
@@ -68,6 +70,7 @@ class Role(StrEnum):
     DX = "dx"                  # fused ops: one per input, its `value` says which
     DA = "da"
     DB = "db"
+    DS = "ds"
     DWEIGHT = "dweight"
     DBIAS = "dbias"
     # fused ops, by `value`: a forward value saved for backward, its recompute workspace, its gradient
@@ -89,8 +92,6 @@ class Role(StrEnum):
 
 #: the gradient each trainable parameter role writes in backward
 PARAM_GRADIENT = {Role.WEIGHT: Role.DWEIGHT, Role.BIAS: Role.DBIAS}
-#: gradients of a layer's inputs; they carry `accumulate`
-INPUT_GRADIENTS = frozenset({Role.DX, Role.DA, Role.DB})
 _ROLES = {role.value: role for role in Role}
 
 
@@ -101,6 +102,20 @@ def role_named(name: str, where: str) -> Role:
         raise ValueError(f"{where}: the registry names an operand {name!r} that planner.plan.Role does not list; "
                          f"add it to Role")
     return role
+
+
+#: each primitive's input operands, by role (its op-table row's `inputs`), and their gradients ("d" + role)
+INPUT_ROLES = {prim: tuple(role_named(r, f"planner/ops.py: the inputs of {prim.value!r}") for r in row.inputs)
+               for prim, row in OPS.items()}
+GRADIENT_ROLES = {prim: tuple(role_named("d" + r, f"planner/ops.py: the input gradients of {prim.value!r}")
+                              for r in row.inputs) for prim, row in OPS.items()}
+#: gradients of a layer's inputs; they carry `accumulate`
+INPUT_GRADIENTS = frozenset({Role.DX}.union(*GRADIENT_ROLES.values()))
+
+
+def gradient_roles(layer: ArchLayer) -> tuple[Role, ...]:
+    """The roles of a layer's input gradients: its row's, or for a fused kind `dx` per input (told apart by value)."""
+    return GRADIENT_ROLES[layer.kind] if layer.kind in OPS else (Role.DX,) * len(layer.inputs)
 
 
 # The records a compile makes by the thousand (ParamSpec, TensorSpec, Operand, Op) are named tuples:

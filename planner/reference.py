@@ -184,6 +184,15 @@ def gelu_grad(x, dy, alpha=0.01):
     return dy * (cdf + x * pdf)
 
 
+def hardsigmoid(x, alpha=0.01):
+    return np.clip(x + 3, 0, 6) / 6
+
+
+def hardsigmoid_grad(x, dy, alpha=0.01):
+    """PyTorch's gradient: 1/6 strictly inside (-3, 3), else 0."""
+    return np.where((x > -3) & (x < 3), dy / 6, 0)
+
+
 # ---------------------------------------------------------------------------- pooling
 
 def maxpool_forward(x, k, s, p):
@@ -335,6 +344,40 @@ def dropout_forward(x, p, seed, step):
 
 def dropout_backward(mask, dy, p):
     return dy * mask * dy.dtype.type(_dropout_scale(p))
+
+
+# ---------------------------------------------------------------------------- channel_mul
+
+def channel_mul_forward(x, s):
+    """``y[n, h, w, c] = x[n, h, w, c] * s[n, c]`` (the squeeze-excitation scale)."""
+    return x * s[:, None, None, :]
+
+
+def channel_mul_backward(x, s, dy):
+    """Returns ``(dx, ds)``: ``dx = dy * s``, ``ds[n, c] = sum_{h, w} dy * x``."""
+    return dy * s[:, None, None, :], (dy * x).sum(axis=(1, 2))
+
+
+# ---------------------------------------------------------------------------- drop_path
+
+def drop_path_mask(n, p, seed, step):
+    """uint8 keep flag per sample: sample ``i`` is kept iff ``dropout_uniform(seed, step, i) >= p``."""
+    return dropout_mask((n,), p, seed, step)
+
+
+def drop_path_forward(x, p, seed, step):
+    """Stochastic depth (torchvision ``StochasticDepth(p, "row")``), training mode: returns ``(y, mask)``,
+    ``y[n] = x[n] * mask[n] / (1 - p)``."""
+    mask = drop_path_mask(x.shape[0], p, seed, step)
+    return x * _per_sample(mask, x) * x.dtype.type(_dropout_scale(p)), mask
+
+
+def drop_path_backward(mask, dy, p):
+    return dy * _per_sample(mask, dy) * dy.dtype.type(_dropout_scale(p))
+
+
+def _per_sample(mask, like):
+    return mask.reshape((-1,) + (1,) * (like.ndim - 1)).astype(like.dtype)
 
 
 # ---------------------------------------------------------------------------- loss

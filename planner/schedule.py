@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
 from planner.plan import (
-    DTYPE_BYTES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
-    TensorSpec, role_named,
+    DTYPE_BYTES, INPUT_ROLES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
+    TensorSpec, gradient_roles, role_named,
 )
 from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
 
@@ -115,6 +115,9 @@ class Persistent:
     io: dict[str, int]                            # "input", "labels", "logits", scalars -> tensor id
 
 
+SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
+
+
 def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     make = _TensorMaker(0)
     producer = {prim.output: prim for _, prim in s.prims}
@@ -135,7 +138,7 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
                 if role is Role.WEIGHT and source is not None:
                     layout, flatten_from = "fc_hwc", source
                 elif role is Role.WEIGHT:
-                    layout = ""
+                    layout = SE_PROJECTION if prim.group_kind == "se" else ""
             rows.append((name, tid, shape, region, rule.init, position, layout, flatten_from, fan_in, fan_out, role))
     duplicates = sorted(n for n, count in Counter(row[0] for row in rows).items() if count > 1)
     if duplicates:
@@ -279,10 +282,6 @@ class Forward:
     saved_extras: dict[int, tuple[tuple[Role, int], ...]]   # position -> extras saved for backward
 
 
-def input_roles(prim: ArchLayer) -> tuple[Role, ...]:
-    return (Role.A, Role.B) if prim.kind == "add" else (Role.X,)
-
-
 def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str, first: int) -> Forward:
     make, ops, saved_extras = _TensorMaker(first), [], {}
     train = graph == "train"
@@ -295,7 +294,7 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
         for position in s.positions_of[index]:
             prim = s.prims[position][1]
             at = position if fused else -1
-            for role, value in zip(input_roles(prim), prim.inputs):
+            for role, value in zip(INPUT_ROLES[prim.kind], prim.inputs):
                 if value not in produced:
                     reads.append(Operand(role, tensor_of[value], at))
             params = p.params_at.get(position, ())
@@ -382,8 +381,8 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
 def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, position, reads, writes) -> None:
     prim = s.prims[position][1]
     saves = OPS[prim.kind].saves
-    if "input" in saves:
-        reads.append(Operand(Role.X, values.tensor_of[prim.inputs[0]]))
+    if "input" in saves:   # every input, by its row's role (channel_mul's backward reads x and s)
+        reads += [Operand(role, values.tensor_of[v]) for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
     if "output" in saves:
         reads.append(Operand(Role.Y, values.tensor_of[prim.output]))
     reads += [Operand(Role.WEIGHT, spec.tensor) for spec in p.params_at.get(position, ()) if spec.role is Role.WEIGHT]
@@ -396,7 +395,7 @@ def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, po
 def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None:
     """The gradient of each input that needs one: a new tensor, or (a value used twice) added onto the
     one an earlier op wrote. Fused ops name each by the input `value`."""
-    roles = (Role.DA, Role.DB) if layer.kind == "add" else (Role.DX,) * len(layer.inputs)
+    roles = gradient_roles(layer)
     fused = layer.kind in FUSED
     created_here: set[int] = set()
     for role, value in zip(roles, layer.inputs):

@@ -16,7 +16,8 @@ from planner.compiler import Compiler
 # models run at 32x32 (their structure is resolution-agnostic; only the classifier input changes).
 ZOO_SMALL = [("small_cnn", (8, 8, 1), 4), ("mlp", (1, 1, 784), 4), ("resnet20", (16, 16, 3), 2),
              ("resnet32", (16, 16, 3), 2), ("resnet18", (32, 32, 3), 2), ("resnet50", (32, 32, 3), 2),
-             ("mobilenet_v2", (32, 32, 3), 2), ("vgg11_bn", (32, 32, 3), 2)]
+             ("mobilenet_v2", (32, 32, 3), 2), ("vgg11_bn", (32, 32, 3), 2),
+             ("mobilenet_v3_small", (32, 32, 3), 2), ("efficientnet_b0", (32, 32, 3), 2)]   # SE, drop_path
 
 
 def _compile(bp, hwc, batch, slots=1):

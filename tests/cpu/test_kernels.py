@@ -241,6 +241,37 @@ def dropout(shape, p, seed=1234, step=7):
                 lambda t: R.dropout_forward(t["x"], p, seed, step), kf, rb, kb, ("x",))
 
 
+def channel_mul(n, h, w, c):
+    def kf(t):
+        y = np.full((n, h, w, c), np.nan, F32)
+        K.channel_mul_forward(t["x"], t["s"], y)
+        return (y,)
+
+    def rb(t, dy):
+        dx, ds = R.channel_mul_backward(t["x"], t["s"], dy)
+        return {"x": dx, "s": ds}
+
+    return Prim(f"channel_mul_{n}x{h}x{w}x{c}", {"x": (n, h, w, c), "s": (n, c)},
+                lambda t: (R.channel_mul_forward(t["x"], t["s"]),), kf, rb,
+                lambda t, dy, g, acc: K.channel_mul_backward(t["x"], t["s"], dy, g["x"], g["s"], acc, acc), ("x", "s"))
+
+
+def drop_path(shape, p, seed=1234, step=7):
+    def kf(t):
+        y, mask = np.full(shape, np.nan, F32), np.full(shape[:1], 9, np.uint8)
+        K.drop_path_forward(t["x"], y, mask, p, seed, step)
+        return y, mask
+
+    def rb(t, dy):
+        return {"x": R.drop_path_backward(R.drop_path_mask(shape[0], p, seed, step), dy, p)}
+
+    def kb(t, dy, g, acc):
+        K.drop_path_backward(kf(t)[1], dy, g["x"], p, acc)
+
+    return Prim(f"drop_path_p{p}_{'x'.join(map(str, shape))}", {"x": shape},
+                lambda t: R.drop_path_forward(t["x"], p, seed, step), kf, rb, kb, ("x",))
+
+
 def channel_pad(n, h, w, c, c_out):
     def kf(t):
         y = np.full((n, h, w, c_out), np.nan, F32)
@@ -297,6 +328,9 @@ PRIMITIVES = [
     dropout((4, 5, 6), 0.3),
     dropout((40,), 0.0),
     channel_pad(2, 3, 3, 3, 5),
+    channel_mul(3, 4, 5, 6),
+    drop_path((8, 3, 2, 4), 0.5),
+    drop_path((5, 6), 0.0),
     cross_entropy(6, 5, 0.0, np.int64),
     cross_entropy(5, 7, 0.1, np.int32, grad_scale=8.0),
 ]

@@ -3,8 +3,8 @@ run by onnxruntime against our CPU forward; the ONNX checker passes on each."""
 import numpy as np
 import pytest
 
-from blueprint import (BluePrint, Model, avgpool, bn, channel_padding, conv, conv_dw, dropout, fc, flatten, gap,
-                       gelu, hardswish, leaky_relu, maxpool, relu6, seq, sigmoid, silu, tanh, zoo)
+from blueprint import (BluePrint, Model, avgpool, bn, channel_padding, conv, conv_dw, drop_path, dropout, fc, flatten,
+                       gap, gelu, hardsigmoid, hardswish, leaky_relu, maxpool, relu6, se, seq, sigmoid, silu, tanh, zoo)
 
 onnx = pytest.importorskip("onnx", reason="onnx not installed: pip install 'blueprint-nn[onnx]'")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed: pip install 'blueprint-nn[test]'")
@@ -26,10 +26,14 @@ EXTRA = {
                                            flatten(), fc(7), bn(), fc(3, bias=False))), (6, 6, 3)),
     "sigmoid_tanh_relu6_pad": (BluePrint(seq(conv(5, 3, 1, 1), sigmoid(), conv(5, 1), tanh(), relu6(),
                                              channel_padding(8), dropout(0.5), gap(), fc(4))), (5, 5, 3)),
+    "hardsigmoid_se_drop_path": (BluePrint(seq(conv(6, 3, 1, 1), hardsigmoid(), se(0.5, "hardsigmoid", "silu"),
+                                               drop_path(0.3), gap(), fc(4))), (5, 5, 3)),
 }
-# running_var scale: at var ~1 MobileNetV2's signal vanishes in eval mode (its logits would not depend on
-# the input, and the comparison would check nothing); the residual nets would overflow at 0.1
-BN_VARIANCE = {"mobilenet_v2": 0.1}
+# running_var scale: at var ~1 the signal of MobileNetV2, V3 and EfficientNet-B0 vanishes in eval mode (their
+# logits would not depend on the input, and the comparison would check nothing); the residual nets would
+# overflow at 0.1
+BN_VARIANCE = {"mobilenet_v2": 0.1, "mobilenet_v3_large": 0.1, "mobilenet_v3_small": 0.1,
+               "efficientnet_b0": 0.1}
 CASES = {**{name: (entry.build(), small_input(name)) for name, entry in zoo.MODELS.items()}, **EXTRA}
 
 

@@ -22,7 +22,7 @@ from numba import cuda
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
-from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
+from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._registry import all_kernels
 from cuda_kernels._tape import LaunchTape
 
@@ -129,6 +129,39 @@ def case_dropout(rng, p):
     check("mask", mask, mask_ref, "exact")
     check("y", y, y_ref, "fp16")
     check("dx", dx, ref.dropout_backward(mask_ref, f64(dy), p), "fp16")
+
+
+def case_channel_mul(rng, accumulate):
+    x, s, dy = half(rng, (2, 3, 2, 5)), half(rng, (2, 5)), half(rng, (2, 3, 2, 5))
+    dx0, ds0 = half(rng, x.shape), half(rng, s.shape)
+    y, dx, ds = garbage(x.shape, np.float16), dev(dx0) if accumulate else garbage(x.shape, np.float16), \
+        dev(ds0) if accumulate else garbage(s.shape, np.float16)
+
+    def record(t):
+        _channel_mul.channel_mul_forward(t, dev(x), dev(s), y)
+        _channel_mul.channel_mul_backward(t, dev(x), dev(s), dev(dy), dx, ds, accumulate, accumulate)
+    run(record)
+    dx_ref, ds_ref = ref.channel_mul_backward(f64(x), f64(s), f64(dy))
+    check("y", y, ref.channel_mul_forward(f64(x), f64(s)), "fp16")
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+    check("ds", ds, ds_ref + (f64(ds0) if accumulate else 0), "fp16")
+
+
+def case_drop_path(rng, p):
+    x, dy = half(rng, (6, 2, 2, 3)), half(rng, (6, 2, 2, 3))
+    y, mask, dx = garbage(x.shape, np.float16), garbage(6, np.uint8), garbage(x.shape, np.float16)
+    step = dev(np.array([11], np.int32))
+
+    def record(t):
+        _drop_path.drop_path_forward(t, dev(x), y, mask, p, 2 ** 40 + 5, step)
+        _drop_path.drop_path_backward(t, mask, dev(dy), dx, p, False)
+    run(record)
+    y_ref, mask_ref = ref.drop_path_forward(f64(x), p, 2 ** 40 + 5, 11)
+    if p == 0.5:
+        assert 0 < mask_ref.sum() < 6, "the case must keep some samples and drop others"
+    check("mask", mask, mask_ref, "exact")
+    check("y", y, y_ref, "fp16")
+    check("dx", dx, ref.drop_path_backward(mask_ref, f64(dy), p), "fp16")
 
 
 def case_cast(rng):
@@ -423,6 +456,8 @@ CASES = [
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
     *[pytest.param(case_dropout, dict(p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
+    *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
+    *[pytest.param(case_drop_path, dict(p=p), id=f"drop-path-{p}") for p in (0.0, 0.5)],
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),

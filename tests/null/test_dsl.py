@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 import blueprint
 from blueprint import (
     BlockStyle, BluePrint, Kind, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw,
-    dropout, fc, flatten, gap, gap_fc, group_conv, identity, leaky_relu, map_layers, maxpool,
-    mbconv, named, relu, repeat, seq,
+    drop_path, dropout, fc, flatten, gap, gap_fc, group_conv, identity, leaky_relu, map_layers, maxpool, mbconv,
+    named, relu, repeat, se, seq,
 )
 from planner.ops import ACTIVATIONS, OPS
 
@@ -82,6 +82,17 @@ FACTORIES = {
                  [bad(ValueError, "slope must be in [0.0, 1.0), got 1", 1),
                   bad(ValueError, "slope must be in [0.0, 1.0)", -0.5),
                   bad(TypeError, "slope must be a finite float", "0.1")]),
+    drop_path: ([call(0.2), call(0), call(0.999)],
+                [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
+                 bad(TypeError, "p must be a finite float, got True", True)]),
+    se: ([call(16), call(0.25), call(8, "hardsigmoid"), call(1.0, "sigmoid", "silu"), call(4, gate="hardsigmoid")],
+         [bad(ValueError, "squeeze must be a positive int, got 0", 0),
+          bad(ValueError, "a fractional squeeze must be in (0, 1], got 0.0", 0.0),
+          bad(ValueError, "squeeze must be in [0.0, 1.0], got 1.5", 1.5),
+          bad(ValueError, "gate must be one of 'sigmoid', 'hardsigmoid', got 'relu'", 8, "relu"),
+          bad(ValueError, "act must be one of 'relu', 'silu', got 'gelu'", 8, "sigmoid", "gelu"),
+          bad(TypeError, "gate must be one of 'sigmoid', 'hardsigmoid' (a str), got relu()", 8, relu()),
+          bad(TypeError, "squeeze must be an int, got bool", True)]),
     dropout: ([call(0.5), call(0), call(0.999)],
               [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
                bad(ValueError, "p must be in [0.0, 1.0), got -0.1", -0.1),
@@ -132,13 +143,21 @@ FACTORIES = {
              bad(ValueError, "mid_ch must be a positive int, got 0", 0, 256, BlockStyle.RESNET_1_3_1),
              bad(ValueError, "out_ch must be a positive int, got -64", -64, BlockStyle.RESNET_3_3),
              bad(TypeError, "out_ch must be an int, got bool", True, BlockStyle.RESNET_3_3)]),
-    mbconv: ([call(6, 24, 2), call(1, 16, 1), call(6, 96, 1, 5)],
+    mbconv: ([call(6, 24, 2), call(1, 16, 1), call(6, 96, 1, 5), call(6, 40, 2, 5, "silu", se(4, "sigmoid", "silu"), 0.1),
+              call(1, 40, 2, 5, "hardswish", se(32, "hardsigmoid"), 0.0, 72, 0.01, 0.001),
+              call(1, 24, 1, expanded_ch=88, act="relu")],
              [bad(ValueError, "expand_ratio must be a positive int, got 0", 0, 24, 1),
               bad(ValueError, "out_ch must be a positive int, got 0", 6, 0, 1),
               bad(ValueError, "stride must be 1 or 2, got 3", 6, 24, 3),
               bad(ValueError, "stride must be a positive int, got 0", 6, 24, 0),
               bad(ValueError, "k must be odd", 6, 24, 1, 4),
-              bad(TypeError, "expand_ratio must be an int, got bool", True, 24, 1)]),
+              bad(TypeError, "expand_ratio must be an int, got bool", True, 24, 1),
+              bad(ValueError, "act must be one of 'relu6', 'relu', 'hardswish', 'silu', got 'gelu'", 6, 24, 1, 3, "gelu"),
+              bad(TypeError, "se must be None or an se(...) layer, got relu()", 6, 24, 1, 3, "relu6", relu()),
+              bad(ValueError, "drop_path must be in [0.0, 1.0), got 1.0", 6, 24, 1, 3, "relu6", None, 1.0),
+              bad(ValueError, "give the expanded width either as expand_ratio (6) or as expanded_ch (72)", 6, 24, 1,
+                  expanded_ch=72),
+              bad(ValueError, "eps must be > 0", 1, 24, 1, eps=0.0)]),
 }
 
 VALID = [(factory, args, kwargs) for factory, (calls, _) in FACTORIES.items() for args, kwargs in calls]
@@ -156,6 +175,9 @@ EQUAL_SPELLINGS = [
     (fc(10), fc(10, True)),
     (cbr(8, 3, 1, 1), cbr(8, 3, 1, 1, 0.1, 1e-5)),
     (mbconv(6, 24, 2), mbconv(6, 24, 2, 3)),
+    (mbconv(6, 24, 2), mbconv(6, 24, 2, 3, "relu6", None, 0.0, 0, 0.1, 1e-5)),
+    (se(8), se(8, "sigmoid", "relu")),
+    (drop_path(0), drop_path(0.0)),
     (seq(relu(), [bn(), [gap()]]), seq(relu(), bn(), gap())),
     (BluePrint(BODY, "a"), BluePrint(seq(conv(8, 3, 1, 1), bn(), relu()), "b")),  # the name is not compared
 ]
@@ -281,8 +303,11 @@ LEAVES = st.one_of(
     st.tuples(st.just("group_conv"), st.tuples(st.integers(1, 8), st.integers(1, 8), window)
               .map(lambda a: (a[0] * a[1], a[1], *a[2]))),
     st.tuples(st.just("bn"), st.tuples(st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
-    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "flatten", "gap"]),
-              st.just(())),
+    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid",
+                               "flatten", "gap"]), st.just(())),
+    st.tuples(st.just("drop_path"), st.tuples(unit_open)),
+    st.tuples(st.just("se"), st.tuples(st.one_of(small, st.floats(0.01, 1.0)), st.sampled_from(["sigmoid", "hardsigmoid"]),
+                                       st.sampled_from(["relu", "silu"]))),
     st.tuples(st.just("leaky_relu"), st.tuples(unit_open)),
     st.tuples(st.just("dropout"), st.tuples(unit_open)),
     st.tuples(st.sampled_from(["fc", "gap_fc"]), st.tuples(small, st.booleans())),
@@ -295,6 +320,10 @@ LEAVES = st.one_of(
         st.tuples(small, st.sampled_from([BlockStyle.RESNET_3_3, BlockStyle.RESNET_3_3_DS])))),
     st.tuples(st.just("mbconv"), st.tuples(st.integers(1, 6), small, st.sampled_from([1, 2]),
                                            st.sampled_from([1, 3, 5, 7]))),
+    st.tuples(st.just("mbconv"), st.tuples(st.just(1), small, st.sampled_from([1, 2]), st.sampled_from([3, 5]),
+                                           st.sampled_from(["relu", "hardswish", "silu"]),
+                                           st.one_of(st.none(), st.builds(se, small, st.just("hardsigmoid"))),
+                                           unit_open, small, st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
 )
 NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,6}(\.[0-9]{1,2})?", fullmatch=True)
 

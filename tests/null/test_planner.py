@@ -23,8 +23,9 @@ import planner
 import planner.compiler
 import planner.expand
 from blueprint import (
-    BlockStyle, BluePrint, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, dropout, fc,
-    flatten, gap, gap_fc, gelu, group_conv, identity, leaky_relu, maxpool, mbconv, named, relu, repeat, seq, zoo,
+    BlockStyle, BluePrint, Layer, add2, avgpool, block, bn, cbr, cbrp, channel_padding, conv, conv_dw, drop_path,
+    dropout, fc, flatten, gap, gap_fc, gelu, group_conv, identity, leaky_relu, maxpool, mbconv, named, relu, repeat,
+    se, seq, zoo,
 )
 from planner import ArchPlan, ExpandError
 from planner._build import is_compiled, source
@@ -69,6 +70,7 @@ class Value:
     size: int = 1
 
 
+SE_GATES = ("sigmoid", "hardsigmoid")
 ACTIVATIONS = tuple(getattr(blueprint, kind.value) for kind in ops.ACTIVATIONS if not ops.OPS[kind].attrs)
 
 
@@ -101,7 +103,7 @@ class Draw:
         """One NHWC leaf or composite node. `preserve`: its output does not change when it is applied
         again (so it can be repeated); `exact`: output == input (so it can be a residual branch)."""
         options = ["bn", "act", "dropout", "identity", "conv", "conv_dw", "pool", "cbr", "block", "mbconv",
-                   "group_conv", "channel_padding", "cbrp"]
+                   "group_conv", "channel_padding", "cbrp", "se", "drop_path"]
         choice = self.draw(st.sampled_from(options))
         width = x.channels if exact else self.width()
         if choice == "bn":
@@ -114,6 +116,11 @@ class Draw:
             return dropout(self.draw(st.sampled_from((0.0, 0.25, 0.5)))), x
         if choice == "identity":
             return identity(), x
+        if choice == "se":
+            return se(self.draw(st.sampled_from((1, 2, 0.25, 1.0))), self.draw(st.sampled_from(SE_GATES)),
+                      self.draw(st.sampled_from(("relu", "silu")))), x
+        if choice == "drop_path":
+            return drop_path(self.draw(st.sampled_from((0.0, 0.2)))), x
         k, s, p = self.window(x.size, preserve or exact)
         size = (x.size + 2 * p - k) // s + 1
         if choice == "conv":
@@ -148,7 +155,14 @@ class Draw:
             style = BlockStyle.RESNET_3_3_DS if stride == 2 else BlockStyle.RESNET_3_3
             return block(width, style), Value(4, width, out_size)
         ratio = self.draw(st.sampled_from((1, 2, 6)))
-        return mbconv(ratio, width, stride, self.draw(st.sampled_from((1, 3, 5)))), Value(4, width, out_size)
+        k = self.draw(st.sampled_from((1, 3, 5)))
+        if self.draw(st.booleans()):   # the MobileNetV2 form
+            return mbconv(ratio, width, stride, k), Value(4, width, out_size)
+        gate = se(self.draw(st.sampled_from((1, 4, 0.25))), self.draw(st.sampled_from(SE_GATES))) \
+            if self.draw(st.booleans()) else None
+        act = self.draw(st.sampled_from(("relu6", "relu", "hardswish", "silu")))
+        return mbconv(ratio, width, stride, k, act, gate, self.draw(st.sampled_from((0.0, 0.2)))), \
+            Value(4, width, out_size)
 
     def body4(self, x: Value, depth: int, preserve: bool = False, exact: bool = False) -> tuple[Layer, Value]:
         kind = self.draw(st.sampled_from(("leaf", "leaf", "seq", "add2", "repeat", "named") if depth else ("leaf",)))

@@ -76,12 +76,14 @@ VGG16_CONV_BIASES = 64 * 2 + 128 * 2 + 256 * 3 + 512 * 6
 TORCHVISION_PARAMS = {
     "resnet18": 11_689_512, "resnet34": 21_797_672, "resnet50": 25_557_032, "resnet101": 44_549_160,
     "resnet152": 60_192_808, "mobilenet_v2": 3_504_872,
+    "mobilenet_v3_large": 5_483_032, "mobilenet_v3_small": 2_542_856, "efficientnet_b0": 5_288_548,
     "vgg11_bn": 132_868_840 - VGG11_CONV_BIASES, "vgg16_bn": 138_365_992 - VGG16_CONV_BIASES,
 }
 # torchvision state_dict key counts (weights, biases, BN statistics and num_batches_tracked)
 TORCHVISION_KEYS = {
     "resnet18": 122, "resnet34": 218, "resnet50": 320, "resnet101": 626, "resnet152": 932, "mobilenet_v2": 314,
     "vgg11_bn": 62 - 8, "vgg16_bn": 97 - 13,
+    "mobilenet_v3_large": 312, "mobilenet_v3_small": 244, "efficientnet_b0": 360,
 }
 TORCHVISION_KEY_SAMPLES = {
     "resnet18": ["conv1.weight", "bn1.num_batches_tracked", "layer2.0.downsample.0.weight",
@@ -92,6 +94,15 @@ TORCHVISION_KEY_SAMPLES = {
                      "features.17.conv.3.running_var", "features.18.0.weight", "classifier.1.bias"],
     "vgg16_bn": ["features.0.weight", "features.1.running_mean", "features.41.weight", "classifier.0.weight",
                  "classifier.6.bias"],
+    "mobilenet_v3_large": ["features.0.0.weight", "features.1.block.0.0.weight", "features.1.block.1.0.weight",
+                           "features.2.block.0.0.weight", "features.4.block.2.fc1.weight", "features.4.block.2.fc2.bias",
+                           "features.4.block.3.1.running_var", "features.16.0.weight", "classifier.0.weight",
+                           "classifier.3.bias"],
+    "mobilenet_v3_small": ["features.1.block.1.fc1.weight", "features.1.block.2.0.weight", "features.12.1.bias",
+                           "classifier.3.weight"],
+    "efficientnet_b0": ["features.0.0.weight", "features.1.0.block.0.0.weight", "features.1.0.block.1.fc1.bias",
+                        "features.2.1.block.2.fc2.weight", "features.6.3.block.3.1.num_batches_tracked",
+                        "features.8.0.weight", "classifier.1.weight"],
 }
 
 
@@ -200,6 +211,65 @@ def test_mobilenet_v2_follows_torchvisions_table():
     assert repr(features.children[0]) == "seq(conv(32, 3, 2, 1), bn(), relu6())"
     assert repr(features.children[-1]) == "seq(conv(1280, 1, 1, 0), bn(), relu6())"
     assert repr(stage(bp, "classifier")) == "seq(dropout(0.2), fc(1000))"
+
+
+# ---- MobileNetV3 and EfficientNet-B0 ------------------------------------------------------------
+# torchvision's tables: (input, kernel, expanded, out, SE, activation "RE"/"HS", stride), width 1.0
+TORCHVISION_MOBILENET_V3 = {
+    "mobilenet_v3_large": [(16, 3, 16, 16, False, "RE", 1), (16, 3, 64, 24, False, "RE", 2),
+                           (24, 3, 72, 24, False, "RE", 1), (24, 5, 72, 40, True, "RE", 2),
+                           (40, 5, 120, 40, True, "RE", 1), (40, 5, 120, 40, True, "RE", 1),
+                           (40, 3, 240, 80, False, "HS", 2), (80, 3, 200, 80, False, "HS", 1),
+                           (80, 3, 184, 80, False, "HS", 1), (80, 3, 184, 80, False, "HS", 1),
+                           (80, 3, 480, 112, True, "HS", 1), (112, 3, 672, 112, True, "HS", 1),
+                           (112, 5, 672, 160, True, "HS", 2), (160, 5, 960, 160, True, "HS", 1),
+                           (160, 5, 960, 160, True, "HS", 1)],
+    "mobilenet_v3_small": [(16, 3, 16, 16, True, "RE", 2), (16, 3, 72, 24, False, "RE", 2),
+                           (24, 3, 88, 24, False, "RE", 1), (24, 5, 96, 40, True, "HS", 2),
+                           (40, 5, 240, 40, True, "HS", 1), (40, 5, 240, 40, True, "HS", 1),
+                           (40, 5, 120, 48, True, "HS", 1), (48, 5, 144, 48, True, "HS", 1),
+                           (48, 5, 288, 96, True, "HS", 2), (96, 5, 576, 96, True, "HS", 1),
+                           (96, 5, 576, 96, True, "HS", 1)],
+}
+
+
+@pytest.mark.parametrize("name", TORCHVISION_MOBILENET_V3)
+def test_mobilenet_v3_follows_torchvisions_table(name):
+    bp = zoo.MODELS[name].build()
+    assert top_level(bp) == ["named:features", "gap", "named:classifier"]
+    features = stage(bp, "features")
+    blocks = [b.params for b in unrolled(features, Kind.MBCONV)]
+    # torchvision's _make_divisible(expanded // 4, 8), worked out by hand
+    squeeze = {16: 8, 72: 24, 96: 24, 120: 32, 144: 40, 240: 64, 288: 72, 480: 120, 576: 144, 672: 168, 960: 240}
+    assert [(p.kernel, p.expanded_channels, p.out_channels, p.se is not None,
+             {"relu": "RE", "hardswish": "HS"}[p.act], p.stride) for p in blocks] == \
+        [row[1:] for row in TORCHVISION_MOBILENET_V3[name]]
+    assert all(p.se.params.squeeze == squeeze[p.expanded_channels] and p.se.params.gate == "hardsigmoid"
+               for p in blocks if p.se is not None)
+    assert all((p.momentum, p.eps, p.drop_path) == (0.01, 0.001, 0.0) for p in blocks)
+    assert repr(features.children[0]) == "seq(conv(16, 3, 2, 1), bn(0.01, 0.001), hardswish())"
+    last = 960 if name.endswith("large") else 576
+    assert repr(features.children[-1]) == f"seq(conv({last}, 1, 1, 0), bn(0.01, 0.001), hardswish())"
+    hidden = 1280 if name.endswith("large") else 1024
+    assert repr(stage(bp, "classifier")) == f"seq(fc({hidden}), hardswish(), dropout(0.2), fc(1000))"
+
+
+def test_efficientnet_b0_follows_torchvisions_table_and_stochastic_depth_rule():
+    bp = zoo.efficientnet_b0()
+    features = stage(bp, "features")
+    blocks = [b.params for b in unrolled(features, Kind.MBCONV)]
+    table = [(1, 3, 1, 32, 16, 1), (6, 3, 2, 16, 24, 2), (6, 5, 2, 24, 40, 2), (6, 3, 2, 40, 80, 3),
+             (6, 5, 1, 80, 112, 3), (6, 5, 2, 112, 192, 4), (6, 3, 1, 192, 320, 1)]
+    expected = [(t, k, s if i == 0 else 1, c, max(1, (cin if i == 0 else c) // 4))
+                for t, k, s, cin, c, n in table for i in range(n)]
+    assert [(p.expand_ratio, p.kernel, p.stride, p.out_channels, p.se.params.squeeze) for p in blocks] == expected
+    assert [p.drop_path for p in blocks] == [0.2 * i / 16 for i in range(16)]   # torchvision's sd_prob
+    assert all(p.act == "silu" and p.se.params.gate == "sigmoid" and p.se.params.act == "silu" for p in blocks)
+    assert [len(c.children) for c in features.children[1:-1]] == [n for *_, n in table]
+    assert repr(stage(bp, "classifier")) == "seq(dropout(0.2), fc(1000))"
+    assert repr(features.children[-1]) == "seq(conv(1280, 1, 1, 0), bn(), silu())"
+    off = stage(zoo.efficientnet_b0(10, 0.0, 0.0), "features")
+    assert all(b.params.drop_path == 0.0 for b in unrolled(off, Kind.MBCONV))
 
 
 # ---- VGG ----------------------------------------------------------------------------------------
