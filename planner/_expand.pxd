@@ -6,7 +6,7 @@ ctypedef (Py_ssize_t, Py_ssize_t, int) Flow    # what every walk step returns: v
 
 cdef object SEQ, REPEAT, NAMED, ADD2, BLOCK, MBCONV, CBR, CBRP, GAP_FC
 cdef object IDENTITY, CONV, CONV_DW, GROUP_CONV, BN, FLATTEN, FC
-cdef object MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING, SE, DROP_PATH
+cdef object MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING, SE
 cdef tuple NO_PARAMS
 cdef dict KIND_NAME, PRESERVING, STYLE
 
@@ -56,7 +56,7 @@ cdef class _Walker:
     cdef Flow walk_leaf(self, object layer, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path,
                         Py_ssize_t group, str group_kind)
 
-    cdef Flow drop_path(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path,
+    cdef Flow stochastic_depth(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path,
                         Py_ssize_t group, str group_kind)
 
     @cython.locals(squeeze=Py_ssize_t, group=Py_ssize_t, x=Py_ssize_t)

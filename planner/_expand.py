@@ -22,7 +22,7 @@ BLOCK, MBCONV, CBR, CBRP, GAP_FC = Kind.BLOCK, Kind.MBCONV, Kind.CBR, Kind.CBRP,
 IDENTITY, CONV, CONV_DW, GROUP_CONV, BN = Kind.IDENTITY, Kind.CONV, Kind.CONV_DW, Kind.GROUP_CONV, Kind.BN
 FLATTEN, FC = Kind.FLATTEN, Kind.FC
 MAXPOOL, AVGPOOL, GAP, CHANNEL_PADDING = Kind.MAXPOOL, Kind.AVGPOOL, Kind.GAP, Kind.CHANNEL_PADDING
-SE, DROP_PATH = Kind.SE, Kind.DROP_PATH
+SE = Kind.SE
 NO_PARAMS = ()
 
 # An enum member's `.value`, `__hash__` and BlockStyle's properties are Python-level calls; the
@@ -158,8 +158,6 @@ class _Walker:
                              group, group_kind)
         if kind is BN:
             return self.bn(p.momentum, p.eps, value, ch, rank, prefix, path, group, group_kind)
-        if kind is DROP_PATH:   # p = 0 is the identity; also emitted by mbconv
-            return self.drop_path(p.p, value, ch, rank, prefix, path, group, group_kind)
         rule = PRESERVING.get(id(kind))
         if rule is not None:
             name, attrs = rule
@@ -184,8 +182,11 @@ class _Walker:
                              group_kind), out_ch, 4
         raise ExpandError(f"{path}: no expansion rule for layer kind {kind.value!r}")
 
-    def drop_path(self, p, value, ch, rank, prefix, path, group, group_kind):
-        kind, params = ("drop_path", (("p", p),)) if p > 0 else ("identity", NO_PARAMS)   # p = 0: the identity
+    def stochastic_depth(self, p, value, ch, rank, prefix, path, group, group_kind):
+        """mbconv's residual branch: a drop_path primitive, or the identity where its probability is 0 (as
+        torchvision's StochasticDepth(0), which draws nothing). A `drop_path(p)` leaf is the table's generic
+        shape-preserving rule, p = 0 included."""
+        kind, params = ("drop_path", (("p", p),)) if p > 0 else ("identity", NO_PARAMS)
         return self.emit(kind, params, (value,), ch, ch, rank, prefix, path, group, group_kind), ch, rank
 
     def walk_se(self, p, value, ch, rank, prefix, path):
@@ -321,8 +322,8 @@ class _Walker:
         value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".project_bn",
                                   group, "mbconv")
         if p.stride == 1 and in_ch == p.out_channels:
-            value, ch, rank = self.drop_path(p.drop_path, value, ch, rank, prefix, path + ".stochastic_depth", group,
-                                             "mbconv")
+            value, ch, rank = self.stochastic_depth(p.drop_path, value, ch, rank, prefix, path + ".stochastic_depth",
+                                                    group, "mbconv")
             value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "mbconv")
         return value, ch, rank
 

@@ -48,9 +48,12 @@ def test_se_projections_are_1x1_convolutions_in_pytorch_layout():
     assert np.array_equal(from_torch_layout(spec["1.fc1.weight"], torch_value), value)
 
 
-def test_drop_path_only_where_it_does_something():
+def test_drop_path_leaves_are_primitives_and_mbconv_draws_only_where_it_does_something():
     assert "drop_path" in kinds(BluePrint(seq(conv(8, 1), drop_path(0.1), gap_fc(2))))
-    assert "drop_path" not in kinds(BluePrint(seq(conv(8, 1), drop_path(0.0), gap_fc(2))))   # the identity
+    # a leaf is the op table's generic shape-preserving rule, p = 0 included (its kernels keep every sample)
+    assert "drop_path" in kinds(BluePrint(seq(conv(8, 1), drop_path(0.0), gap_fc(2))))
+    no_draw = kinds(BluePrint(seq(conv(8, 1), mbconv(2, 8, 1, 3, "silu", None, 0.0), gap_fc(2))))
+    assert "drop_path" not in no_draw and "add" in no_draw, no_draw   # mbconv: StochasticDepth(0) draws nothing
     residual = kinds(BluePrint(seq(conv(8, 1), mbconv(2, 8, 1, 3, "silu", None, 0.2), gap_fc(2))))
     assert residual.index("drop_path") == residual.index("add") - 1, "on the residual branch, before the add"
     assert "drop_path" not in kinds(BluePrint(seq(conv(8, 1), mbconv(2, 16, 1, 3, "silu", None, 0.2), gap_fc(2))))
