@@ -79,17 +79,29 @@ def read_max_dynamic_shared(handle, device):
     return int(value)
 
 
+def device_optin_shared():
+    """``(compute capability, the current device's opt-in shared memory per block in bytes)``."""
+    device = cuda.get_current_device()
+    return tuple(device.compute_capability), int(device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+
+
 def check_shared_limit(stream):
     if SIMULATOR:
         raise PreflightSkip("the simulator has no kernel attributes (its dynamic shared array is the launch's size)")
     spec = _wide_dgrad_spec()
+    cc, optin = device_optin_shared()
+    table = _dynamic_smem.MAX_SHARED_PER_BLOCK.get(cc)
+    if table is not None and optin < table:
+        raise AssertionError(f"sm_{cc[0]}{cc[1]} opts in to {optin} shared bytes per block; "
+                             f"_dynamic_smem.MAX_SHARED_PER_BLOCK says {table}: correct the table")
     _dynamic_smem.raise_shared_limit(spec)
     handle, device = _dynamic_smem.loaded_handle(spec)
     value = read_max_dynamic_shared(handle, device)
     if value != spec.dynamic_shared_bytes:
         raise AssertionError(f"{spec.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES reads {value} after raising it to "
                              f"{spec.dynamic_shared_bytes}")
-    return f"{spec.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES = {value} (read back)"
+    return (f"{spec.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES = {value} (read back); sm_{cc[0]}{cc[1]} opts in to "
+            f"{optin} bytes per block")
 
 
 def _half(rng, shape, scale=1.0):

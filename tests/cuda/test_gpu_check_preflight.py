@@ -53,6 +53,7 @@ def gpu_stand_ins(monkeypatch):
         made.is_nonblocking = True
         return made
     monkeypatch.setattr(_gpu_preflight, "SIMULATOR", False)
+    monkeypatch.setattr(_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
     monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
     monkeypatch.setattr(_dynamic_smem, "loaded_handle", lambda spec: (driver.CUkernel(0x5a), 0))
     monkeypatch.setattr(driver, "cuKernelSetAttribute", set_attribute)
@@ -75,7 +76,9 @@ def test_every_preflight_check_passes_on_the_stand_ins_and_the_kernels_equal_num
     assert all(c["status"] == "PASS" for c in checks.values()), checks
     wide = _gpu_preflight._wide_dgrad_spec()
     assert checks["handle"]["detail"] == f"{wide.name}: CUkernel 0x5a on device 0"
-    assert checks["shared-limit"]["detail"].endswith(f"= {wide.dynamic_shared_bytes} (read back)")
+    assert checks["shared-limit"]["detail"] == (f"{wide.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES = "
+                                                f"{wide.dynamic_shared_bytes} (read back); sm_90 opts in to 232448 "
+                                                f"bytes per block")
     assert ("cuKernelSetAttribute", (ATTRIBUTE, wide.dynamic_shared_bytes, driver.CUkernel(0x5a), 0)) in calls
     assert checks["mma-forward"]["detail"].startswith("mma_conv2d_forward")
     assert checks["mma-dynamic"]["detail"].startswith(f"{wide.name} ({wide.dynamic_shared_bytes} dynamic")
@@ -87,6 +90,8 @@ FAILING = [  # (what is wrong, the stand-in changed, the check that must FAIL, w
     ("a handle numba-cuda no longer gives", "loaded_handle", "handle", "expected (CUkernel or CUfunction, int device)",
      {"shared-limit"}),
     ("an attribute that does not stick", "get", "shared-limit", "MAX_DYNAMIC_SHARED_SIZE_BYTES reads 49152", set()),
+    ("less opt-in shared memory than the table", "optin", "shared-limit",
+     "sm_90 opts in to 101376 shared bytes per block; _dynamic_smem.MAX_SHARED_PER_BLOCK says 232448", set()),
     ("a capture that fails", "capture", "graph", "RuntimeError: capture refused (stand-in)", set()),
     ("a graph that replays nothing", "empty graph", "graph", "graph replay differs from eager replay", set()),
 ]
@@ -99,6 +104,7 @@ def test_a_broken_assumption_fails_its_own_check_and_no_unrelated_one(tmp_path, 
         raise RuntimeError("capture refused (stand-in)")
     changes = {"loaded_handle": (_dynamic_smem, "loaded_handle", lambda spec: (0x5a, 0)),
                "get": (driver, "cuKernelGetAttribute", lambda *a: (driver.CUresult.CUDA_SUCCESS, 48 * 1024)),
+               "optin": (_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
                "capture": (_graph, "capture_graph", refuse),
                "empty graph": (_graph, "capture_graph", lambda kernels: SimpleNamespace(launch=lambda s: None))}
     monkeypatch.setattr(*changes[stand_in])
