@@ -210,3 +210,16 @@ def test_nccl_collectives_bootstrap_and_reduce_with_nccl4pys_own_signatures(nccl
     buffer, builder = object(), object()
     collectives.all_reduce(buffer, "avg", builder)
     assert collectives.communicator.call == (buffer, buffer, _NcclRedOp.AVG, builder)
+
+
+# ---- device attributes gpu_check reads (versions record, preflight) ----------------------------------------------
+
+DEVICE_ATTRIBUTES = ("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", "MULTIPROCESSOR_COUNT", "CLOCK_RATE", "MEMORY_CLOCK_RATE")
+
+
+def test_numba_devices_read_the_attributes_gpu_check_asks_for_by_their_driver_names():
+    from cuda.bindings import driver as bindings
+    from numba.cuda.cudadrv import driver
+    assert 'f"CU_DEVICE_ATTRIBUTE_{attr}"' in inspect.getsource(driver.Device.__getattr__)
+    assert [a for a in DEVICE_ATTRIBUTES if not hasattr(bindings.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{a}")] == []
+    assert callable(driver.Driver.get_version)
