@@ -132,6 +132,16 @@ def test_the_cuda_core_api_the_graph_path_calls_exists(path, attributes):
     assert [a for a in attributes if not hasattr(owner, a)] == []
 
 
+def test_numba_and_cuda_core_share_the_primary_context():
+    """``_graph.new_stream`` makes cuda.core's context current before numba allocates the arena; numba
+    attaches to a current context only if it is the device's primary one, which is what cuda.core makes."""
+    import cuda.core
+    from numba.cuda.cudadrv import devices
+    uncached = inspect.getsource(devices._DeviceContextManager._get_or_create_context_uncached)
+    assert "get_primary_context()" in uncached and "Numba cannot operate on non-primary" in uncached
+    assert "By default the primary context is used" in " ".join(cuda.core.Device.set_current.__doc__.split())
+
+
 def test_a_new_cuda_core_stream_is_non_blocking_by_default():
     from cuda.core import StreamOptions   # Device().create_stream() with no options: capture needs non-blocking
     assert StreamOptions().nonblocking is True
