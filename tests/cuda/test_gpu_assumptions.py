@@ -137,7 +137,7 @@ def test_numba_and_cuda_core_share_the_primary_context():
     attaches to a current context only if it is the device's primary one, which is what cuda.core makes."""
     import cuda.core
     from numba.cuda.cudadrv import devices
-    uncached = inspect.getsource(devices._DeviceContextManager._get_or_create_context_uncached)
+    uncached = inspect.getsource(devices._Runtime._get_or_create_context_uncached)
     assert "get_primary_context()" in uncached and "Numba cannot operate on non-primary" in uncached
     assert "By default the primary context is used" in " ".join(cuda.core.Device.set_current.__doc__.split())
 
