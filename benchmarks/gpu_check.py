@@ -122,7 +122,43 @@ def main(argv=None):
     failures, skipped, notes, summary = [], [], [], {}
     interrupt_on_sigterm()   # a time limit's SIGTERM: the unit running records "interrupted", then the summary
     try:
-        return _run(args, out, budget, started, failures, skipped, notes, summary)
+        _versions(out, failures)
+        if args.dry_run and args.quick:
+            summary = dry_run_quick(out, failures)
+            print_conv_predictions()   # PREDICTED conv times, mma beside SIMT
+        elif args.dry_run:
+            with Unit(out, "dry-run", failures, status="dry"):
+                dry_run(args.only)
+            print_conv_predictions()
+        elif not cuda.is_available():
+            print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
+            out.write("gpu", "not-run", reason="numba.cuda.is_available() is False")
+            return 2
+        elif args.quick:
+            print(f"--quick: budget {budget.seconds:.0f} s from the start, compile time included")
+            preflight(out, failures)   # which GPU-only assumption fails, if one does: seconds, before any section
+            summary = run_quick(out, budget, failures, skipped, notes)
+        else:
+            print(f"budget {budget.seconds:.0f} s")
+            preflight(out, failures)
+            run_kernel_sections(args.only, new_stream(), failures, out)
+            run_step_sections(args.only, budget, failures, skipped, notes, out)
+            if not args.only or args.only in SECTION:
+                data_parallel(out, failures, notes)
+        print()
+        for note in notes:
+            print(f"note: {note}")
+        for line in skipped:
+            print(f"NOT RUN: {line}")
+        verdict = ("FAILED: " + "; ".join(failures) if failures else
+                   "INCOMPLETE (see NOT RUN)" if skipped else "dry run ok" if args.dry_run else "all checks passed")
+        line = summary_line(summary)
+        out.write("summary", "failed" if failures else "not-run" if skipped else "dry" if args.dry_run else "ok",
+                  time.time() - started, verdict=verdict, paste=line, failures=failures, not_run=skipped,
+                  notes=notes, **summary)
+        print(f"{verdict} ({time.time() - started:.0f} s)")
+        print(line)
+        return 1 if failures or skipped else 0
     except (Interrupted, KeyboardInterrupt) as error:
         verdict = f"INTERRUPTED: {type(error).__name__}: {error}" + (f"; FAILED: {'; '.join(failures)}" if failures
                                                                      else "")
@@ -132,47 +168,6 @@ def main(argv=None):
         return 1
     finally:
         out.close()
-
-
-def _run(args, out, budget, started, failures, skipped, notes, summary):
-    """The sections of ``main``'s mode, then the summary record; the exit status."""
-    _versions(out, failures)
-    if args.dry_run and args.quick:
-        summary.update(dry_run_quick(out, failures))
-        print_conv_predictions()   # PREDICTED conv times, mma beside SIMT
-    elif args.dry_run:
-        with Unit(out, "dry-run", failures, status="dry"):
-            dry_run(args.only)
-        print_conv_predictions()
-    elif not cuda.is_available():
-        print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
-        out.write("gpu", "not-run", reason="numba.cuda.is_available() is False")
-        return 2
-    elif args.quick:
-        print(f"--quick: budget {budget.seconds:.0f} s from the start, compile time included")
-        preflight(out, failures)   # which GPU-only assumption fails, if one does: seconds, before any section
-        summary.update(run_quick(out, budget, failures, skipped, notes))
-    else:
-        print(f"budget {budget.seconds:.0f} s")
-        preflight(out, failures)
-        run_kernel_sections(args.only, new_stream(), failures, out)
-        run_step_sections(args.only, budget, failures, skipped, notes, out)
-        if not args.only or args.only in SECTION:
-            data_parallel(out, failures, notes)
-    print()
-    for note in notes:
-        print(f"note: {note}")
-    for line in skipped:
-        print(f"NOT RUN: {line}")
-    verdict = ("FAILED: " + "; ".join(failures) if failures else
-               "INCOMPLETE (see NOT RUN)" if skipped else "dry run ok" if args.dry_run else "all checks passed")
-    line = summary_line(summary)
-    out.write("summary", "failed" if failures else "not-run" if skipped else "dry" if args.dry_run else "ok",
-              time.time() - started, verdict=verdict, paste=line, failures=failures, not_run=skipped,
-              notes=notes, **summary)
-    print(f"{verdict} ({time.time() - started:.0f} s)")
-    print(line)
-    return 1 if failures or skipped else 0
 
 
 if __name__ == "__main__":
