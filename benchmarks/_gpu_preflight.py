@@ -195,7 +195,8 @@ def check_graph(stream):
         tape_e.replay(stream)
         graph.launch(stream)
     _graph.synchronize(stream)
-    differ = [label for label in eager if not np.array_equal(eager[label].copy_to_host(), graphed[label].copy_to_host())]
+    differ = [label for label in eager
+              if not np.array_equal(eager[label].copy_to_host(), graphed[label].copy_to_host())]
     if differ:
         raise AssertionError(f"graph replay differs from eager replay in {differ}")
     if int(graphed["step"].copy_to_host()[0]) != 3:

@@ -11,8 +11,8 @@ kernels through cuda.core libraries: ``cuKernelSetAttribute`` for the device) or
 (``cuFuncSetAttribute``). ``_tape.LaunchTape.compile_kernels`` calls it once per kernel of a tape
 (``StepRunner`` calls that before the first step, so before any graph capture; an unprepared tape's
 first ``replay`` calls it too), and ``_tape.Immediate`` before each launch: never a launch's hot path.
-Evidence for each assumption (numba-cuda 0.30, cuda-core 1.2, cuda-bindings 13): docs/gpu-first-run.md. The simulator has no handles and needs none: its dynamic shared
-array holds the launch's byte count.
+Where each assumption was read (numba-cuda 0.30, cuda-core 1.2, cuda-bindings 13): docs/gpu-first-run.md.
+The simulator has no handles and needs none: its dynamic shared array holds the launch's byte count.
 """
 import numba
 

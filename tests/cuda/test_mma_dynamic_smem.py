@@ -3,8 +3,9 @@
 Which kernels take dynamic shared memory; the launch path passing the byte count, and the limit raised
 once per kernel before its first launch and before a graph capture, by the tape (``compile_kernels``,
 which ``StepRunner`` calls) or ``Immediate``, never per launch (handle and driver call replaced by
-stand-ins that record them: the simulator has neither); the driver call itself on stand-in handles; the static + dynamic bytes check. The kernels run
-against the numpy spec in test_mma_conv.py, and assemble within the limits in test_ptx.py.
+stand-ins that record them: the simulator has neither); the driver call itself on stand-in handles;
+the static + dynamic bytes check. The kernels run against the numpy spec in test_mma_conv.py, and
+assemble within the limits in test_ptx.py.
 """
 from types import SimpleNamespace
 
