@@ -46,7 +46,8 @@ def test_the_loaded_function_carries_the_cuda_core_kernels_handle_and_its_contex
 
 def test_a_cuda_core_kernels_handle_is_a_cukernel():
     import cuda.core
-    from cuda.core._module import Kernel   # noqa: F401  (the class Function.handle comes from)
+    from cuda.core._module import Kernel   # the class of Function.kernel, whose .handle Function keeps
+    assert hasattr(Kernel, "handle")
     header = Path(cuda.core.__file__).parent / "_cpp" / "resource_handles.hpp"
     if not header.exists():
         pytest.skip(f"cuda-core {cuda.core.__version__} ships no {header.name}: Kernel.handle's type is "
