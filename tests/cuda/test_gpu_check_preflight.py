@@ -178,19 +178,23 @@ def test_sigterm_records_the_running_unit_as_interrupted_and_stops_the_run(tmp_p
     assert record["status"] == "interrupted" and record["partial"] == 3 and record["error"].startswith("Interrupted")
 
 
-def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", [["--quick"], []], ids=["quick", "full"])
+def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(tmp_path, monkeypatch, mode):
     from benchmarks import gpu_check
 
-    def quick(out, budget, failures, skipped, notes):
+    def first_section(out, failures):
         out.write("compile", "ok")
         with Unit(out, "step-check tiny", failures):
             raise Interrupted("SIGTERM received (stand-in)")
     monkeypatch.setattr(gpu_check.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check, "_versions", lambda out, failures: out.write("versions", "ok"))
     monkeypatch.setattr(gpu_check, "preflight", lambda out, failures: out.write("preflight", "ok"))
-    monkeypatch.setattr(gpu_check, "run_quick", quick)
+    monkeypatch.setattr(gpu_check, "run_quick", lambda out, budget, failures, *rest: first_section(out, failures))
+    monkeypatch.setattr(gpu_check, "new_stream", lambda: "stream")
+    monkeypatch.setattr(gpu_check, "run_kernel_sections", lambda only, stream, failures, out: first_section(out,
+                                                                                                            failures))
     monkeypatch.setattr(signal, "signal", lambda *args: None)   # main's SIGTERM handler: not in the test process
-    status = gpu_check.main(["--quick", "--json", str(tmp_path / "q.jsonl")])
+    status = gpu_check.main(mode + ["--json", str(tmp_path / "q.jsonl")])
     records = _records(tmp_path / "q.jsonl")
     assert status == 1
     assert [(r["unit"], r["status"]) for r in records] == [("versions", "ok"), ("preflight", "ok"), ("compile", "ok"),
