@@ -32,7 +32,7 @@ NVVM_TO_DEVICE_JIT = 3.0     # device JIT (NVVM + ptxas + nvJitLink LTO + load) 
 CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (README: ~25 s on a 2-core machine)
 CUDA_INIT_S = 10.0           # CUDA context, cuda.core, PyTorch import and its CUDA init
 TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and the first steps of PyTorch eager
-PREFLIGHT_S = 3.0            # gpu_check's preflight (benchmarks/_gpu_preflight.py) before the units below
+PREFLIGHT_S = 10.0           # gpu_check's preflight (_gpu_preflight.py): two tensor-core kernels' JIT, tiny launches
 
 
 def _versions(out, failures):
@@ -252,7 +252,7 @@ def quick_estimate(measured):
     """Seconds a --quick GPU run should take (a prediction, each term printed)."""
     record_s = sum(v for k, v in measured.items() if k.startswith("record"))
     terms = [("CUDA/PyTorch initialisation (assumed)", CUDA_INIT_S),
-             ("preflight: 6 checks, a few tiny launches and one capture (assumed; its JIT is the compile unit's)",
+             ("preflight: 6 checks, the JIT of 2 tensor-core kernels, tiny launches, one capture (assumed)",
               PREFLIGHT_S),
              (f"device JIT of every kernel: compile_ptx here {measured['compile']:.1f} s x {NVVM_TO_DEVICE_JIT:g}",
               measured["compile"] * NVVM_TO_DEVICE_JIT),
