@@ -104,7 +104,8 @@ def versions_line(record):
 class RecordWriter:
     """JSON Lines: one record per finished unit, flushed and synced at once (``path`` None: print only).
 
-    Every record has ``unit``, ``status`` ("ok", "failed", "crashed", "not-run", "dry") and ``seconds``."""
+    Every record has ``unit``, ``status`` ("ok", "failed", "crashed", "interrupted", "not-run", "dry") and
+    ``seconds``."""
 
     def __init__(self, path):
         self.path, self.count = path, 0
@@ -134,9 +135,33 @@ def _json_default(value):
     return str(value)
 
 
+TRACEBACK_LINES = 15   # the tail of a crashed unit's traceback kept in its record
+
+
+class Interrupted(BaseException):
+    """SIGTERM (a time limit's ``timeout``) as an exception: the unit running records "interrupted", then
+    the run ends (a BaseException, so no unit swallows it)."""
+
+
+def interrupt_on_sigterm():
+    """From now on SIGTERM raises ``Interrupted`` in the main thread (``gpu_check.main`` installs it)."""
+    import signal
+
+    def stop(signum, frame):
+        raise Interrupted(f"{signal.Signals(signum).name} received (a time limit?)")
+    signal.signal(signal.SIGTERM, stop)
+
+
+def traceback_tail(error, lines=TRACEBACK_LINES):
+    """The last ``lines`` lines of ``error``'s formatted traceback (where it was raised)."""
+    import traceback
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__)).splitlines()[-lines:]
+
+
 class Unit:
     """``with Unit(out, name) as u: ...; u.fields.update(...)``: writes the unit's record when it ends,
-    "crashed" with the error (the run goes on) if it raised."""
+    "crashed" with the error and its traceback's tail (the run goes on) if it raised an ``Exception``,
+    "interrupted" (the run stops) on ``Interrupted`` or ``KeyboardInterrupt``."""
 
     def __init__(self, out, name, failures, status="ok"):
         self.out, self.name, self.failures, self.status, self.fields = out, name, failures, status, {}
@@ -149,9 +174,12 @@ class Unit:
     def __exit__(self, kind, error, tb):
         seconds = time.time() - self.started
         if error is not None:
-            from ._gpu_step_common import report_crash
-            report_crash(self.name, error, self.failures)
-            self.out.write(self.name, "crashed", seconds, error=f"{type(error).__name__}: {error}", **self.fields)
+            if isinstance(error, Exception):
+                from ._gpu_step_common import report_crash
+                report_crash(self.name, error, self.failures)
+            why = {"error": f"{type(error).__name__}: {error}", "traceback": traceback_tail(error)}
+            self.out.write(self.name, "crashed" if isinstance(error, Exception) else "interrupted", seconds,
+                           **{**self.fields, **why})
         else:
             self.out.write(self.name, self.status, seconds, **self.fields)
         print(f"== {self.name} done in {seconds:.1f} s ==", flush=True)

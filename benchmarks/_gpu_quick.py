@@ -1,7 +1,8 @@
 """``gpu_check.py --quick``: the first run on a short-lived GPU, in this order, inside a 240 s budget
 that counts every cold JIT compile:
 
-    versions -> compile (every kernel of the table, timed) -> step-check resnet20 (vs the fp32 CPU path)
+    versions -> preflight (gpu_check.main: each GPU-only assumption alone, PASS / FAIL; _gpu_preflight)
+    -> compile (every kernel of the table, timed) -> step-check resnet20 (vs the fp32 CPU path)
     -> graph-vs-eager resnet20 -> step-timing resnet18-cifar b256 (ours eager + graph, PyTorch eager
     AMP channels_last) -> breakdown (per-kernel time of one step) -> torch.compile (only with time
     left) -> summary (the line to paste)
@@ -31,6 +32,7 @@ NVVM_TO_DEVICE_JIT = 3.0     # device JIT (NVVM + ptxas + nvJitLink LTO + load) 
 CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (README: ~25 s on a 2-core machine)
 CUDA_INIT_S = 10.0           # CUDA context, cuda.core, PyTorch import and its CUDA init
 TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and the first steps of PyTorch eager
+PREFLIGHT_S = 10.0           # gpu_check's preflight (_gpu_preflight.py): two tensor-core kernels' JIT, tiny launches
 
 
 def _versions(out, failures):
@@ -250,6 +252,8 @@ def quick_estimate(measured):
     """Seconds a --quick GPU run should take (a prediction, each term printed)."""
     record_s = sum(v for k, v in measured.items() if k.startswith("record"))
     terms = [("CUDA/PyTorch initialisation (assumed)", CUDA_INIT_S),
+             ("preflight: 6 checks, the JIT of 2 tensor-core kernels, tiny launches, one capture (assumed)",
+              PREFLIGHT_S),
              (f"device JIT of every kernel: compile_ptx here {measured['compile']:.1f} s x {NVVM_TO_DEVICE_JIT:g}",
               measured["compile"] * NVVM_TO_DEVICE_JIT),
              ("numba CPU kernels on a cold cache (assumed)", CPU_JIT_COLD_S),

@@ -7,9 +7,12 @@
     python benchmarks/gpu_check.py --static --json k.jsonl     # tensor-core kernels: ptxas figures (no GPU)
 
 Every run first writes the versions record (Python, numpy, numba, numba-cuda, cuda-core,
-cuda-bindings, torch and its CUDA, driver, GPU name, SM count, clocks, planner build), then one
-JSON Lines record per finished unit, flushed at once: a run cut off by a time limit keeps
-everything it measured. ``--quick`` runs, in this order: a cold compile of every kernel (timed),
+cuda-bindings, torch and its CUDA, driver, GPU name, SM count, clocks, planner build), on a GPU then
+the preflight (``_gpu_preflight``: each assumption only a GPU can check, alone, in seconds: PASS /
+FAIL with the error), then one JSON Lines record per finished unit, flushed at once: a run cut off
+by a time limit keeps everything it measured (on SIGTERM the unit running records "interrupted" and
+a summary follows; a unit that raises records "crashed" with its traceback's tail and the next
+runs). ``--quick`` runs, in this order: a cold compile of every kernel (timed),
 one training step of resnet20 against the fp32 CPU path, graph-versus-eager replay of resnet20,
 resnet18-CIFAR b256 images/s against PyTorch eager AMP channels_last, a per-kernel time breakdown
 of one step (CUDA events around each tape entry, eager replay), torch.compile if time is left; it
@@ -37,7 +40,8 @@ from numba import cuda  # noqa: E402
 
 from benchmarks._gpu_kernel_cases import CHECK_BATCH, TIMING_BATCH, table  # noqa: E402
 from benchmarks._gpu_kernels import cross_check, graph_check, timing_table  # noqa: E402
-from benchmarks._gpu_protocol import RecordWriter, Unit  # noqa: E402
+from benchmarks._gpu_preflight import preflight  # noqa: E402
+from benchmarks._gpu_protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm  # noqa: E402
 from benchmarks._gpu_quick import QUICK_BUDGET_S, _versions, dry_run_quick, run_quick, summary_line  # noqa: E402
 from benchmarks._gpu_step_common import (DEFAULT_BUDGET_S, SECTION_TITLES, STEP_SECTIONS, Budget,  # noqa: E402
                                          step_selection)
@@ -116,6 +120,7 @@ def main(argv=None):
     budget = Budget(args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S), started)
     out = RecordWriter(args.json)
     failures, skipped, notes, summary = [], [], [], {}
+    interrupt_on_sigterm()   # a time limit's SIGTERM: the unit running records "interrupted", then the summary
     try:
         _versions(out, failures)
         if args.dry_run and args.quick:
@@ -131,9 +136,11 @@ def main(argv=None):
             return 2
         elif args.quick:
             print(f"--quick: budget {budget.seconds:.0f} s from the start, compile time included")
+            preflight(out, failures)   # which GPU-only assumption fails, if one does: seconds, before any section
             summary = run_quick(out, budget, failures, skipped, notes)
         else:
             print(f"budget {budget.seconds:.0f} s")
+            preflight(out, failures)
             run_kernel_sections(args.only, new_stream(), failures, out)
             run_step_sections(args.only, budget, failures, skipped, notes, out)
             if not args.only or args.only in SECTION:
@@ -152,6 +159,13 @@ def main(argv=None):
         print(f"{verdict} ({time.time() - started:.0f} s)")
         print(line)
         return 1 if failures or skipped else 0
+    except (Interrupted, KeyboardInterrupt) as error:
+        verdict = f"INTERRUPTED: {type(error).__name__}: {error}" + (f"; FAILED: {'; '.join(failures)}" if failures
+                                                                     else "")
+        out.write("summary", "interrupted", time.time() - started, verdict=verdict, failures=failures,
+                  not_run=skipped, notes=notes, **summary)
+        print(f"{verdict} ({time.time() - started:.0f} s)")
+        return 1
     finally:
         out.close()
 

@@ -86,8 +86,9 @@ class NcclCollectives(_ReducingCollectives):
             from blueprint._errors import ConfigError
             raise ConfigError(f"data-parallel training on CUDA needs nccl4py: pip install 'nccl4py[cu13]' "
                                f"({error})") from error
-        unique = np.frombuffer(get_unique_id().as_bytes(), np.uint8).copy() if dist.is_writer \
-            else np.zeros(len(get_unique_id(empty=True).as_bytes()), np.uint8)
+        # bytes(uid): nccl4py 0.6's ``UniqueId.as_bytes`` is a property (calling it raised TypeError)
+        unique = np.frombuffer(bytes(get_unique_id()), np.uint8).copy() if dist.is_writer \
+            else np.zeros(len(bytes(get_unique_id(empty=True))), np.uint8)
         dist.broadcast(unique, "NCCL unique id broadcast")
         self.communicator = Communicator.init(dist.world_size, dist.rank, UniqueId.from_bytes(unique.tobytes()))
         self.ops = {"avg": NcclRedOp.AVG, "max": NcclRedOp.MAX}

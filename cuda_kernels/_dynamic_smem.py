@@ -8,9 +8,11 @@ architecture's opt-in maximum per block (``MAX_SHARED_PER_BLOCK``). numba-cuda 0
 the carveout, so ``raise_shared_limit`` sets the attribute through ``cuda.bindings.driver`` on the
 handle numba loaded, as numba-cuda sets the carveout: a ``CUkernel`` (numba-cuda 0.30 loads
 kernels through cuda.core libraries: ``cuKernelSetAttribute`` for the device) or a ``CUfunction``
-(``cuFuncSetAttribute``). ``_tape.Launch.run`` calls it, so a step's eager warm-up raises every
-limit before the graph capture. The simulator has no handles and needs none: its dynamic shared
-array holds the launch's byte count.
+(``cuFuncSetAttribute``). ``_tape.LaunchTape.compile_kernels`` calls it once per kernel of a tape
+(``StepRunner`` calls that before the first step, so before any graph capture; an unprepared tape's
+first ``replay`` calls it too), and ``_tape.Immediate`` before each launch: never a launch's hot path.
+Where each assumption was read (numba-cuda 0.30, cuda-core 1.2, cuda-bindings 13): docs/gpu-first-run.md.
+The simulator has no handles and needs none: its dynamic shared array holds the launch's byte count.
 """
 import numba
 

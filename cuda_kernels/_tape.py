@@ -38,10 +38,9 @@ class Launch:
         return self.spec.name
 
     def run(self, stream):
-        shared = self.spec.dynamic_shared_bytes
-        if shared:   # once per compiled kernel: a step's eager warm-up does it before any graph capture
-            raise_shared_limit(self.spec)
-        self.spec.kernel[self.grid, self.block, stream, shared](*self.args)
+        """Launch on ``stream``; a kernel above 48 KB of dynamic shared memory must have had its limit raised
+        (``LaunchTape.compile_kernels``, ``Immediate``): nothing is looked up here, on the hot path."""
+        self.spec.kernel[self.grid, self.block, stream, self.spec.dynamic_shared_bytes](*self.args)
 
 
 class LaunchTape:
@@ -50,10 +49,12 @@ class LaunchTape:
 
     def __init__(self):
         self._entries = []
+        self._prepared = False   # every kernel compiled and its shared-memory limit raised
 
     def launch(self, spec, grid, block, *args):
         check_args(spec, args)
         self._entries.append(Launch(spec, grid, block, args))
+        self._prepared = False
 
     def add(self, entry):
         """Append a transfer or event entry (anything with ``kind``, ``name`` and ``run(stream)``)."""
@@ -62,15 +63,22 @@ class LaunchTape:
         self._entries.append(entry)
 
     def compile_kernels(self):
-        """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``)."""
+        """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``), and
+        raise the dynamic shared memory limit of those above 48 KB on the current device (``_dynamic_smem``):
+        ``StepRunner`` calls this before the first replay, so before any graph capture."""
         seen = set()
         for entry in self._entries:
             if entry.kind == "kernel" and entry.spec.name not in seen:
                 seen.add(entry.spec.name)
                 entry.spec.compile()
+                raise_shared_limit(entry.spec)
+        self._prepared = True
 
     def replay(self, stream=0):
-        """Run every entry, in order, on ``stream`` (no host synchronisation)."""
+        """Run every entry, in order, on ``stream`` (no host synchronisation); the first replay of a tape
+        nobody prepared compiles its kernels and raises their limits first (``compile_kernels``)."""
+        if not self._prepared:
+            self.compile_kernels()
         for entry in self._entries:
             entry.run(stream)
 
@@ -119,6 +127,7 @@ class Immediate:
 
     def launch(self, spec, grid, block, *args):
         check_args(spec, args)
+        raise_shared_limit(spec)   # once per compiled kernel (``_dynamic_smem``); nothing below 48 KB
         Launch(spec, grid, block, args).run(self.stream)
 
 

@@ -1,10 +1,14 @@
 """Tiles above 48 KB of shared memory (``_dynamic_smem``): the 128x128 input and weight gradients.
 
-Which kernels take dynamic shared memory; the launch path passing the byte count and raising the
-kernel's limit once (handle and driver call replaced by stand-ins that record them: the simulator has
-neither); the driver call itself on stand-in handles; the static + dynamic bytes check. The kernels run
-against the numpy spec in test_mma_conv.py, and assemble within the limits in test_ptx.py.
+Which kernels take dynamic shared memory; the launch path passing the byte count, and the limit raised
+once per kernel before its first launch and before a graph capture, by the tape (``compile_kernels``,
+which ``StepRunner`` calls) or ``Immediate``, never per launch (handle and driver call replaced by
+stand-ins that record them: the simulator has neither); the driver call itself on stand-in handles;
+the static + dynamic bytes check. The kernels run against the numpy spec in test_mma_conv.py, and
+assemble within the limits in test_ptx.py.
 """
+from types import SimpleNamespace
+
 import pytest
 from cuda.bindings import driver
 
@@ -12,7 +16,7 @@ from cuda_kernels import _dynamic_smem, _mma_dgrad, _mma_wgrad
 from cuda_kernels._mma_static import MAX_SHARED_PER_BLOCK, shared_fits
 from cuda_kernels._mma_tiles import GPU_TILES, MMA_KERNELS, pipeline_bytes
 from cuda_kernels._registry import SIMULATOR, KernelSpec
-from cuda_kernels._tape import Launch
+from cuda_kernels._tape import Immediate, Launch, LaunchTape
 
 WIDE = GPU_TILES[0]   # 128x128, 8 warps (its kernels against the spec: test_mma_conv.py)
 
@@ -51,37 +55,94 @@ def test_the_wide_kernels_raise_their_own_byte_count(stand_in_driver):
 
 # ---- the launch path, on a stand-in kernel (records its launch configuration) ------------------------------------
 class _Configurations:
-    def __init__(self):
-        self.seen = []
+    """A stand-in ``cuda.jit`` dispatcher: appends ``("launch", configuration)`` to ``log`` at each launch."""
+    overloads = {(): None}   # compiled for the stand-in's empty signature: KernelSpec.compile has nothing to do
+
+    def __init__(self, log):
+        self.log = log
 
     def __getitem__(self, configuration):
-        self.seen.append(configuration)
-        return lambda *args: None
+        return lambda *args: self.log.append(("launch", configuration))
 
 
-def _spec(nbytes):
-    return KernelSpec("stand_in", None, _Configurations(), (), (), nbytes)
+def _spec(nbytes, log, name="stand_in"):
+    return KernelSpec(name, None, _Configurations(log), (), (), nbytes)
 
 
-def test_a_launch_passes_the_dynamic_bytes_and_raises_the_limit_once(stand_in_driver):
-    spec = _spec(60 * 1024)
+def _raised(name="stand_in", nbytes=60 * 1024):
+    """The record of ``stand_in_driver`` for one raise of ``name``'s limit."""
+    return (driver.CUkernel(len(name)), 0, nbytes, name)
+
+
+def test_a_launch_passes_the_dynamic_bytes_and_looks_nothing_up(stand_in_driver):
+    spec = _spec(60 * 1024, stand_in_driver)
     for stream in ("s1", "s2"):
         Launch(spec, (2, 1, 1), 256, ()).run(stream)
-    assert spec.kernel.seen == [((2, 1, 1), 256, "s1", 60 * 1024), ((2, 1, 1), 256, "s2", 60 * 1024)]
-    assert stand_in_driver == [(driver.CUkernel(len("stand_in")), 0, 60 * 1024, "stand_in")]
+    assert stand_in_driver == [("launch", ((2, 1, 1), 256, "s1", 60 * 1024)),
+                               ("launch", ((2, 1, 1), 256, "s2", 60 * 1024))]
+
+
+def test_a_tape_raises_each_limit_once_before_its_first_launch(stand_in_driver):
+    spec = _spec(60 * 1024, stand_in_driver)
+    tape = LaunchTape()
+    tape.launch(spec, (2, 1, 1), 256)
+    tape.launch(spec, (1, 1, 1), 256)
+    tape.replay("s")
+    tape.replay("s")
+    launches = [("launch", ((2, 1, 1), 256, "s", 60 * 1024)), ("launch", ((1, 1, 1), 256, "s", 60 * 1024))]
+    assert stand_in_driver == [_raised()] + launches + launches
+
+
+def test_a_kernel_recorded_after_the_first_replay_is_raised_before_its_own(stand_in_driver):
+    tape = LaunchTape()
+    tape.launch(_spec(60 * 1024, stand_in_driver), 1, 32)
+    tape.replay(0)
+    tape.launch(_spec(56 * 1024, stand_in_driver, "later"), 1, 32)
+    tape.replay(0)
+    assert stand_in_driver == [_raised(), ("launch", (1, 32, 0, 60 * 1024)),
+                               _raised("later", 56 * 1024), ("launch", (1, 32, 0, 60 * 1024)),
+                               ("launch", (1, 32, 0, 56 * 1024))]
+
+
+def test_a_step_runner_raises_every_limit_before_the_first_step_and_before_the_capture(stand_in_driver, monkeypatch):
+    from cuda_kernels import _graph
+
+    def capture(kernels):
+        stand_in_driver.append(("capture", [entry.name for entry in kernels]))
+        return SimpleNamespace(launch=lambda stream: stand_in_driver.append(("graph launch", stream)))
+    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(_graph, "capture_graph", capture)
+    tape = LaunchTape()
+    tape.launch(_spec(60 * 1024, stand_in_driver), 1, 32)
+    runner = _graph.StepRunner(tape, "graph")
+    assert stand_in_driver == [_raised()]   # StepRunner compiles (and raises) before any step
+    stream = SimpleNamespace(sync=lambda: None)
+    runner.run(stream)
+    runner.run(stream)
+    assert stand_in_driver == [_raised(), ("launch", (1, 32, stream, 60 * 1024)), ("capture", ["stand_in"]),
+                               ("graph launch", stream)]
+
+
+def test_an_immediate_launch_raises_the_limit_once_then_launches(stand_in_driver):
+    spec = _spec(60 * 1024, stand_in_driver)
+    for _ in range(2):
+        Immediate("s").launch(spec, 1, 32)
+    assert stand_in_driver == [_raised(), ("launch", (1, 32, "s", 60 * 1024)), ("launch", (1, 32, "s", 60 * 1024))]
 
 
 @pytest.mark.parametrize("nbytes", [0, 48 * 1024], ids=["static", "dynamic-within-the-default"])
 def test_no_limit_is_raised_at_or_below_48_kb(stand_in_driver, nbytes):
-    spec = _spec(nbytes)
-    Launch(spec, (1, 1, 1), 32, ()).run(0)
-    assert spec.kernel.seen == [((1, 1, 1), 32, 0, nbytes)] and stand_in_driver == []
+    tape = LaunchTape()
+    tape.launch(_spec(nbytes, stand_in_driver), (1, 1, 1), 32)
+    tape.replay(0)
+    Immediate(0).launch(_spec(nbytes, stand_in_driver), (1, 1, 1), 32)
+    assert stand_in_driver == [("launch", ((1, 1, 1), 32, 0, nbytes))] * 2
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="on a GPU a compiled kernel has a handle")
 def test_the_simulator_has_no_handle_and_raises_nothing():
-    assert _dynamic_smem.loaded_handle(_spec(60 * 1024)) is None
-    assert _dynamic_smem.raise_shared_limit(_spec(60 * 1024)) is False
+    assert _dynamic_smem.loaded_handle(_spec(60 * 1024, [])) is None
+    assert _dynamic_smem.raise_shared_limit(_spec(60 * 1024, [])) is False
 
 
 # ---- the driver call, on stand-in handles (cuda.bindings' functions replaced: no driver here) --------------------
