@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
 from planner.plan import (
     DTYPE_BYTES, INPUT_ROLES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
-    TensorSpec, gradient_roles, role_named,
+    TensorSpec, gradient_roles, new_record, role_named,
 )
 from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
 
@@ -70,8 +70,8 @@ class _TensorMaker:
         else:
             slot, elements, variant_shapes = size_slot(shapes)
         tid = self.first + len(self.made)
-        self.made.append(TensorSpec(tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1, graph,
-                                    variant_shapes))
+        self.made.append(new_record(TensorSpec, (tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1,
+                                                 graph, variant_shapes)))
         return tid
 
 
@@ -124,9 +124,8 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     rows = []   # ParamSpec fields up to `role`; the linked tensors are made after every parameter
     for position, (_, prim) in enumerate(s.prims):
         for rule, shape in param_shapes[position]:
-            role = role_named(rule.suffix, f"{prim.kind} parameter")
+            role, region = _role_and_region(prim.kind, rule.suffix, rule.region)
             name = f"{prim.prefix}.{rule.suffix}" if prim.prefix else rule.suffix
-            region = Region(rule.region)
             dtype = "int64" if role is Role.NUM_BATCHES_TRACKED else "float32"
             tid = make.new(name, region, dtype, shape)
             layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
@@ -156,13 +155,19 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
         for name, tid, shape, *_ in trainable:
             half[tid] = make.new("fp16." + name, Region.WEIGHTS16, "float16", shape)
     io = _io_tensors(s, make)
-    params = tuple(ParamSpec(*row, grad.get(row[1], -1), half.get(row[1], -1), tuple(state.get(row[1], ())))
-                   for row in rows)
+    params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
+                                          tuple(state.get(row[1], ())))) for row in rows)
     params_at: dict[int, list[ParamSpec]] = {}
     for spec in params:
         params_at.setdefault(spec.layer, []).append(spec)
     return Persistent(tuple(make.made), params, {k: tuple(v) for k, v in params_at.items()},
                       frozenset(row[5] for row in trainable), io)
+
+
+@functools.lru_cache(maxsize=None)
+def _role_and_region(kind: str, suffix: str, region: str) -> tuple[Role, Region]:
+    """A parameter rule's role and region, made once per rule, not per parameter (enum lookups are slow)."""
+    return role_named(suffix, f"{kind} parameter"), Region(region)
 
 
 def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
@@ -285,7 +290,8 @@ class Forward:
 def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str, first: int) -> Forward:
     make, ops, saved_extras = _TensorMaker(first), [], {}
     train = graph == "train"
-    tensor_of = values.tensor_of
+    tensor_of, attrs = values.tensor_of, (("training", train),)
+    y, bn_stats = Role.Y, Region.BN_STATS   # enum members read once, not per operand
     for index, layer in enumerate(s.arch.layers):
         if layer.kind == "softmax_ce":
             continue
@@ -296,20 +302,21 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
             at = position if fused else -1
             for role, value in zip(INPUT_ROLES[prim.kind], prim.inputs):
                 if value not in produced:
-                    reads.append(Operand(role, tensor_of[value], at))
+                    reads.append(new_record(Operand, (role, tensor_of[value], at, -1, False)))
             params = p.params_at.get(position, ())
-            reads += [Operand(spec.role, spec.tensor, at) for spec in params]
+            reads += [new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in params]
             if train:   # training updates the running statistics
-                writes += [Operand(spec.role, spec.tensor, at) for spec in params if spec.region == Region.BN_STATS]
-            writes.append(Operand(Role.Y, tensor_of[prim.output], at))
+                writes += [new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in params
+                           if spec.region == bn_stats]
+            writes.append(new_record(Operand, (y, tensor_of[prim.output], at, -1, False)))
             produced.add(prim.output)
             if position in extras_of:
                 made = _extra_tensors(s, make, prim, extras_of[position], graph, "f")
-                writes += [Operand(role, tid, at) for role, tid, _ in made]
+                writes += [new_record(Operand, (role, tid, at, -1, False)) for role, tid, _ in made]
                 if any(saved for _, _, saved in made):
                     saved_extras[position] = tuple((role, tid) for role, tid, saved in made if saved)
-        ops.append(Op(len(ops), layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes),
-                      (("training", train),)))
+        ops.append(new_record(Op, (len(ops), layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes),
+                                   attrs)))
     return Forward(tuple(ops), tuple(make.made), saved_extras)
 
 
@@ -355,6 +362,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
     make, ops = _TensorMaker(first), []
     needs = needs_grad(s, p)
     grads = dict(loss.grads)      # value -> its gradient tensor, as backward reaches it
+    dy = Role.DY
     for index in range(len(s.arch.layers) - 2, -1, -1):
         layer = s.arch.layers[index]
         positions = s.positions_of[index]
@@ -362,7 +370,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
             continue
         if layer.output not in grads:
             continue
-        reads, writes = [Operand(Role.DY, grads[layer.output])], []
+        reads, writes = [new_record(Operand, (dy, grads[layer.output], -1, -1, False))], []
         if layer.kind in FUSED:
             kept = fused_saved_values(layer)
             reads += _fused_backward_reads(s, p, values, forward, positions, kept)
@@ -371,25 +379,29 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
             _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, positions[0], reads, writes)
         for position in positions:
             at = position if layer.kind in FUSED else -1
-            writes += [Operand(PARAM_GRADIENT[spec.role], spec.grad, at) for spec in p.params_at.get(position, ())
-                       if spec.grad >= 0]
+            writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
+                       for spec in p.params_at.get(position, ()) if spec.grad >= 0]
         _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
-        ops.append(Op(first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads), tuple(writes)))
+        ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads),
+                                   tuple(writes), ())))
     return Backward(tuple(ops), tuple(make.made))
 
 
 def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, position, reads, writes) -> None:
     prim = s.prims[position][1]
     saves = OPS[prim.kind].saves
+    tensor_of, weight = values.tensor_of, Role.WEIGHT
     if "input" in saves:   # every input, by its row's role (channel_mul's backward reads x and s)
-        reads += [Operand(role, values.tensor_of[v]) for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
+        reads += [new_record(Operand, (role, tensor_of[v], -1, -1, False))
+                  for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
     if "output" in saves:
-        reads.append(Operand(Role.Y, values.tensor_of[prim.output]))
-    reads += [Operand(Role.WEIGHT, spec.tensor) for spec in p.params_at.get(position, ()) if spec.role is Role.WEIGHT]
-    reads += [Operand(role, tid) for role, tid in forward.saved_extras.get(position, ())]
+        reads.append(new_record(Operand, (Role.Y, tensor_of[prim.output], -1, -1, False)))
+    reads += [new_record(Operand, (weight, spec.tensor, -1, -1, False)) for spec in p.params_at.get(position, ())
+              if spec.role is weight]
+    reads += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid in forward.saved_extras.get(position, ())]
     if position in extras_of:
         made = _extra_tensors(s, make, prim, extras_of[position], graph, "b")
-        writes += [Operand(role, tid) for role, tid, _ in made]
+        writes += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid, _ in made]
 
 
 def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None:
@@ -410,19 +422,20 @@ def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None
         # add(x, x): the second role adds onto what the first role of this same op wrote, so it
         # reads nothing that an earlier op wrote
         if accumulate and tid not in created_here:
-            reads.append(Operand(role, tid, -1, key))
-        writes.append(Operand(role, tid, -1, key, accumulate))
+            reads.append(new_record(Operand, (role, tid, -1, key, False)))
+        writes.append(new_record(Operand, (role, tid, -1, key, accumulate)))
 
 
 def _fused_backward_reads(s, p, values, forward, positions, kept) -> list[Operand]:
     reads = []
     for position in positions:
         prim = s.prims[position][1]
-        reads += [Operand(Role.SAVED, values.tensor_of[value], -1, value) for value in (prim.output, *prim.inputs)
-                  if value in kept]
-        reads += [Operand(spec.role, spec.tensor, position) for spec in p.params_at.get(position, ())
-                  if spec.region == Region.PARAMS]
-        reads += [Operand(role, tid, position) for role, tid in forward.saved_extras.get(position, ())]
+        reads += [new_record(Operand, (Role.SAVED, values.tensor_of[value], -1, value, False))
+                  for value in (prim.output, *prim.inputs) if value in kept]
+        reads += [new_record(Operand, (spec.role, spec.tensor, position, -1, False))
+                  for spec in p.params_at.get(position, ()) if spec.region == Region.PARAMS]
+        reads += [new_record(Operand, (role, tid, position, -1, False))
+                  for role, tid in forward.saved_extras.get(position, ())]
     return list(dict.fromkeys(reads))
 
 
@@ -434,15 +447,17 @@ def _fused_workspace(s, make, extras_of, positions, kept, graph) -> list[Operand
     for prim in internal:
         value = prim.output
         if value != last and value not in kept:
-            writes.append(Operand(Role.RECOMPUTE, make.new(f"{graph}.r{value}", Region.TRANSIENT, s.act_dtype,
-                                                           _shapes_of(s, graph, value), graph), -1, value))
+            writes.append(new_record(Operand, (Role.RECOMPUTE, make.new(f"{graph}.r{value}", Region.TRANSIENT,
+                                                                        s.act_dtype, _shapes_of(s, graph, value),
+                                                                        graph), -1, value, False)))
         if value != last:
-            writes.append(Operand(Role.GRAD, make.new(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
-                                                      _shapes_of(s, graph, value), graph), -1, value))
+            writes.append(new_record(Operand, (Role.GRAD, make.new(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
+                                                                   _shapes_of(s, graph, value), graph),
+                                               -1, value, False)))
     for position in positions:
         if position in extras_of:
             made = _extra_tensors(s, make, s.prims[position][1], extras_of[position], graph, "b")
-            writes += [Operand(role, tid, position) for role, tid, _ in made]
+            writes += [new_record(Operand, (role, tid, position, -1, False)) for role, tid, _ in made]
     return writes
 
 
@@ -450,9 +465,11 @@ def optimizer_op(p: Persistent, index: int) -> Op:
     """One update of every trainable parameter; the state tensors slot by slot."""
     trainable = [spec for spec in p.params if spec.grad >= 0]
     slots = len(trainable[0].state) if trainable else 0
-    state = [Operand(Role.STATE, spec.state[slot]) for slot in range(slots) for spec in trainable]
-    params = [Operand(Role.PARAM, spec.tensor) for spec in trainable]
-    reads = [Operand(Role.GRAD, spec.grad) for spec in trainable] + params + state
+    state_role, param_role, grad_role = Role.STATE, Role.PARAM, Role.GRAD
+    state = [new_record(Operand, (state_role, spec.state[slot], -1, -1, False)) for slot in range(slots)
+             for spec in trainable]
+    params = [new_record(Operand, (param_role, spec.tensor, -1, -1, False)) for spec in trainable]
+    reads = [new_record(Operand, (grad_role, spec.grad, -1, -1, False)) for spec in trainable] + params + state
     reads += [Operand(Role.LR, p.io["lr"]), Operand(Role.STEP, p.io["step"])]
     writes = params + state + [Operand(Role.STEP, p.io["step"])]
     return Op(index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))
