@@ -65,10 +65,12 @@ class _TensorMaker:
 
     def new(self, name: str, region: Region, dtype: str, shapes, graph: str = "") -> int:
         """`shapes` is one shape (persistent) or {variant: shape}."""
-        if isinstance(shapes, dict):
-            slot, elements, variant_shapes = _variant_slot(tuple(shapes.items()))
-        else:
-            slot, elements, variant_shapes = size_slot(shapes)
+        sized = _variant_slot(tuple(shapes.items())) if isinstance(shapes, dict) else size_slot(shapes)
+        return self.sized(name, region, dtype, sized, graph)
+
+    def sized(self, name: str, region: Region, dtype: str, sized: tuple, graph: str = "") -> int:
+        """`sized` is `size_slot`'s (slot shape, elements, variant shapes), e.g. `Setting.value_slots[graph][value]`."""
+        slot, elements, variant_shapes = sized
         tid = self.first + len(self.made)
         self.made.append(new_record(TensorSpec, (tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1,
                                                  graph, variant_shapes)))
@@ -83,6 +85,7 @@ class Setting:
     positions_of: dict[int, tuple[int, ...]]      # arch layer index -> its primitive positions
     value_shapes: dict[str, dict[int, Shape]]     # variant -> value -> shape
     variants_of: dict[str, list[str]]             # graph -> its variants
+    value_slots: dict[str, dict[int, tuple]]      # graph -> value -> size_slot of its shapes in the graph's variants
     act_dtype: str
     training: bool
     slots: int                                     # optimizer state slots
@@ -101,8 +104,11 @@ def setting_for(arch, value_shapes, variants_of, act_dtype, training, slots) -> 
     positions_of: dict[int, list[int]] = {}
     for position, (owner, _) in enumerate(prims):
         positions_of.setdefault(owner, []).append(position)
+    # sized once per value, not per tensor: a value's own tensor, its gradient and a fused op's workspaces share it
+    value_slots = {graph: {value: _variant_slot(tuple((v, value_shapes[v][value]) for v in names))
+                           for value in value_shapes[names[0]]} for graph, names in variants_of.items()}
     return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()}, value_shapes, variants_of,
-                   act_dtype, training, slots)
+                   value_slots, act_dtype, training, slots)
 
 
 # ---- persistent tensors ---------------------------------------------------------------------------
@@ -266,18 +272,14 @@ class Values:
 
 
 def value_tensors(s: Setting, p: Persistent, graph: str, saved: frozenset[int], first: int) -> Values:
-    make = _TensorMaker(first)
+    make, slots = _TensorMaker(first), s.value_slots[graph]
     tensor_of = {NETWORK_INPUT: p.io["input"], s.logits_value: p.io["logits"], s.loss_value: p.io["loss"]}
     for _, prim in s.prims:
         if prim.output not in tensor_of:
             region = Region.SAVED if prim.output in saved else Region.TRANSIENT
-            tensor_of[prim.output] = make.new(f"{graph}.v{prim.output}", region, s.act_dtype,
-                                              _shapes_of(s, graph, prim.output), graph)
+            tensor_of[prim.output] = make.sized(f"{graph}.v{prim.output}", region, s.act_dtype, slots[prim.output],
+                                                graph)
     return Values(tuple(make.made), tensor_of)
-
-
-def _shapes_of(s: Setting, graph: str, value: int) -> dict[str, Shape]:
-    return {v: s.value_shapes[v][value] for v in s.variants_of[graph]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +333,8 @@ def loss_op(s: Setting, p: Persistent, graph: str, index: int, first: int) -> Lo
     make, grads = _TensorMaker(first), {}
     writes = [Operand(Role.LOSS, p.io["loss"]), Operand(Role.CORRECT, p.io["correct"])]
     if graph == "train":
-        grads[s.logits_value] = make.new(f"{graph}.d{s.logits_value}", Region.TRANSIENT, s.act_dtype,
-                                         _shapes_of(s, graph, s.logits_value), graph)
+        grads[s.logits_value] = make.sized(f"{graph}.d{s.logits_value}", Region.TRANSIENT, s.act_dtype,
+                                           s.value_slots[graph][s.logits_value], graph)
         writes.append(Operand(Role.DLOGITS, grads[s.logits_value]))
     op = Op(index, "softmax_ce", "loss", len(s.arch.layers) - 1, "loss",
             (Operand(Role.LOGITS, p.io["logits"]), Operand(Role.LABELS, p.io["labels"])), tuple(writes))
@@ -415,8 +417,8 @@ def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None
             continue
         accumulate = value in grads
         if not accumulate:
-            grads[value] = make.new(f"{graph}.d{value}", Region.TRANSIENT, s.act_dtype, _shapes_of(s, graph, value),
-                                    graph)
+            grads[value] = make.sized(f"{graph}.d{value}", Region.TRANSIENT, s.act_dtype, s.value_slots[graph][value],
+                                      graph)
             created_here.add(grads[value])
         tid, key = grads[value], value if fused else -1
         # add(x, x): the second role adds onto what the first role of this same op wrote, so it
@@ -447,12 +449,12 @@ def _fused_workspace(s, make, extras_of, positions, kept, graph) -> list[Operand
     for prim in internal:
         value = prim.output
         if value != last and value not in kept:
-            writes.append(new_record(Operand, (Role.RECOMPUTE, make.new(f"{graph}.r{value}", Region.TRANSIENT,
-                                                                        s.act_dtype, _shapes_of(s, graph, value),
-                                                                        graph), -1, value, False)))
+            writes.append(new_record(Operand, (Role.RECOMPUTE, make.sized(f"{graph}.r{value}", Region.TRANSIENT,
+                                                                          s.act_dtype, s.value_slots[graph][value],
+                                                                          graph), -1, value, False)))
         if value != last:
-            writes.append(new_record(Operand, (Role.GRAD, make.new(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
-                                                                   _shapes_of(s, graph, value), graph),
+            writes.append(new_record(Operand, (Role.GRAD, make.sized(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
+                                                                     s.value_slots[graph][value], graph),
                                                -1, value, False)))
     for position in positions:
         if position in extras_of:
