@@ -119,6 +119,10 @@ class Persistent:
     params_at: dict[int, tuple[ParamSpec, ...]]   # primitive position -> its parameters and statistics
     trainable: frozenset[int]                     # positions that have trainable parameters
     io: dict[str, int]                            # "input", "labels", "logits", scalars -> tensor id
+    # made once and shared by the ops of every graph: position -> params_at as operands (with the
+    # position in a fused op), and the BN statistics among them (a training forward writes them)
+    param_operands: dict[int, tuple[Operand, ...]]
+    stat_operands: dict[int, tuple[Operand, ...]]
 
 
 SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
@@ -166,14 +170,26 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     params_at: dict[int, list[ParamSpec]] = {}
     for spec in params:
         params_at.setdefault(spec.layer, []).append(spec)
+    param_operands, stat_operands = {}, {}
+    for position, specs in params_at.items():
+        at = position if s.arch.layers[s.prims[position][0]].kind in FUSED else -1
+        param_operands[position] = tuple(new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in specs)
+        stats = tuple(o for o, spec in zip(param_operands[position], specs) if spec.region == Region.BN_STATS)
+        if stats:
+            stat_operands[position] = stats
     return Persistent(tuple(make.made), params, {k: tuple(v) for k, v in params_at.items()},
-                      frozenset(row[5] for row in trainable), io)
+                      frozenset(row[5] for row in trainable), io, param_operands, stat_operands)
 
 
 @functools.lru_cache(maxsize=None)
 def _role_and_region(kind: str, suffix: str, region: str) -> tuple[Role, Region]:
     """A parameter rule's role and region, made once per rule, not per parameter (enum lookups are slow)."""
     return role_named(suffix, f"{kind} parameter"), Region(region)
+
+
+@functools.lru_cache(maxsize=None)
+def _extra_role(kind: str, extra: str) -> Role:
+    return role_named(extra, f"{kind} extra")
 
 
 def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
@@ -260,7 +276,7 @@ def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
         suffix = extra.role if saved else f"{extra.role}_{phase}"
         tid = make.new(f"{graph}.{prim.prefix or prim.path}:{suffix}", Region.SAVED if saved else Region.TRANSIENT,
                        dtype, variant_shapes, graph)
-        out.append((role_named(extra.role, f"{prim.kind} extra"), tid, saved))
+        out.append((_extra_role(prim.kind, extra.role), tid, saved))
     return out
 
 
@@ -293,7 +309,7 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
     make, ops, saved_extras = _TensorMaker(first), [], {}
     train = graph == "train"
     tensor_of, attrs = values.tensor_of, (("training", train),)
-    y, bn_stats = Role.Y, Region.BN_STATS   # enum members read once, not per operand
+    y = Role.Y   # enum members read once, not per operand
     for index, layer in enumerate(s.arch.layers):
         if layer.kind == "softmax_ce":
             continue
@@ -305,11 +321,9 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
             for role, value in zip(INPUT_ROLES[prim.kind], prim.inputs):
                 if value not in produced:
                     reads.append(new_record(Operand, (role, tensor_of[value], at, -1, False)))
-            params = p.params_at.get(position, ())
-            reads += [new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in params]
+            reads += p.param_operands.get(position, ())
             if train:   # training updates the running statistics
-                writes += [new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in params
-                           if spec.region == bn_stats]
+                writes += p.stat_operands.get(position, ())
             writes.append(new_record(Operand, (y, tensor_of[prim.output], at, -1, False)))
             produced.add(prim.output)
             if position in extras_of:
@@ -380,9 +394,10 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
         else:
             _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, positions[0], reads, writes)
         for position in positions:
-            at = position if layer.kind in FUSED else -1
-            writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
-                       for spec in p.params_at.get(position, ()) if spec.grad >= 0]
+            if position in p.trainable:
+                at = position if layer.kind in FUSED else -1
+                writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
+                           for spec in p.params_at[position] if spec.grad >= 0]
         _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
         ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads),
                                    tuple(writes), ())))
@@ -398,9 +413,10 @@ def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, po
                   for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
     if "output" in saves:
         reads.append(new_record(Operand, (Role.Y, tensor_of[prim.output], -1, -1, False)))
-    reads += [new_record(Operand, (weight, spec.tensor, -1, -1, False)) for spec in p.params_at.get(position, ())
-              if spec.role is weight]
-    reads += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid in forward.saved_extras.get(position, ())]
+    if position in p.param_operands:
+        reads += [operand for operand in p.param_operands[position] if operand.role is weight]
+    if position in forward.saved_extras:
+        reads += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid in forward.saved_extras[position]]
     if position in extras_of:
         made = _extra_tensors(s, make, prim, extras_of[position], graph, "b")
         writes += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid, _ in made]
