@@ -83,6 +83,7 @@ class Setting:
     arch: ArchPlan
     prims: tuple[tuple[int, ArchLayer], ...]      # primitive_list(arch)
     positions_of: dict[int, tuple[int, ...]]      # arch layer index -> its primitive positions
+    names: tuple[str, ...]                        # arch layer index -> its name (a property worth computing once)
     value_shapes: dict[str, dict[int, Shape]]     # variant -> value -> shape
     variants_of: dict[str, list[str]]             # graph -> its variants
     value_slots: dict[str, dict[int, tuple]]      # graph -> value -> size_slot of its shapes in the graph's variants
@@ -107,8 +108,9 @@ def setting_for(arch, value_shapes, variants_of, act_dtype, training, slots) -> 
     # sized once per value, not per tensor: a value's own tensor, its gradient and a fused op's workspaces share it
     value_slots = {graph: {value: _variant_slot(tuple((v, value_shapes[v][value]) for v in names))
                            for value in value_shapes[names[0]]} for graph, names in variants_of.items()}
-    return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()}, value_shapes, variants_of,
-                   value_slots, act_dtype, training, slots)
+    return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()},
+                   tuple(layer.name for layer in arch.layers), value_shapes, variants_of, value_slots, act_dtype,
+                   training, slots)
 
 
 # ---- persistent tensors ---------------------------------------------------------------------------
@@ -155,15 +157,16 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
                          f"named('...', ...) to give it a distinct scope")
     trainable = [row for row in rows if row[3] == Region.PARAMS]
     grad, state, half = {}, {row[1]: [] for row in trainable}, {}
+    param_size = {tid: size_slot(shape) for _, tid, shape, *_ in trainable}   # a linked tensor has its parameter's size
     if s.training:
-        for name, tid, shape, *_ in trainable:
-            grad[tid] = make.new("grad." + name, Region.GRADS, "float32", shape)
+        for name, tid, *_ in trainable:
+            grad[tid] = make.sized("grad." + name, Region.GRADS, "float32", param_size[tid])
         for slot in range(s.slots):
-            for name, tid, shape, *_ in trainable:
-                state[tid].append(make.new(f"state{slot}.{name}", Region.OPTIM, "float32", shape))
+            for name, tid, *_ in trainable:
+                state[tid].append(make.sized(f"state{slot}.{name}", Region.OPTIM, "float32", param_size[tid]))
     if s.arch.amp:
-        for name, tid, shape, *_ in trainable:
-            half[tid] = make.new("fp16." + name, Region.WEIGHTS16, "float16", shape)
+        for name, tid, *_ in trainable:
+            half[tid] = make.sized("fp16." + name, Region.WEIGHTS16, "float16", param_size[tid])
     io = _io_tensors(s, make)
     params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
                                           tuple(state.get(row[1], ())))) for row in rows)
@@ -331,8 +334,8 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
                 writes += [new_record(Operand, (role, tid, at, -1, False)) for role, tid, _ in made]
                 if any(saved for _, _, saved in made):
                     saved_extras[position] = tuple((role, tid) for role, tid, saved in made if saved)
-        ops.append(new_record(Op, (len(ops), layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes),
-                                   attrs)))
+        ops.append(new_record(Op, (len(ops), layer.kind, "forward", index, s.names[index], tuple(reads),
+                                   tuple(writes), attrs)))
     return Forward(tuple(ops), tuple(make.made), saved_extras)
 
 
@@ -399,7 +402,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
                 writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
                            for spec in p.params_at[position] if spec.grad >= 0]
         _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
-        ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads),
+        ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, s.names[index], tuple(reads),
                                    tuple(writes), ())))
     return Backward(tuple(ops), tuple(make.made))
 
