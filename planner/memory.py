@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.memory_alloc import assign_offsets, live_lower_bound
-from planner.plan import PERSISTENT_REGIONS, PLANNED_REGIONS, ParamSpec, Region, TensorSpec
+from planner.plan import PERSISTENT_REGIONS, PLANNED_REGIONS, ParamSpec, Region, TensorSpec, new_record
 
 ALIGNMENT = 256
 MIRROR_ALIGNMENT = 2 * ALIGNMENT      # fp32 tensors with an fp16 mirror at half the offset
@@ -167,6 +167,6 @@ def plan_memory(tensors: list[TensorSpec], graphs, params: tuple[ParamSpec, ...]
         base = regions[region][0]
         for t, off in zip(members, placed):
             offsets[t.id] = base + off
-    placed_tensors = [TensorSpec(t.id, t.name, t.region, t.dtype, t.shape, t.nbytes, offsets[t.id], t.graph,
-                                 t.variant_shapes) for t in tensors]
+    placed_tensors = [new_record(TensorSpec, (t.id, t.name, t.region, t.dtype, t.shape, t.nbytes, offsets[t.id],
+                                              t.graph, t.variant_shapes)) for t in tensors]
     return placed_tensors, MemoryPlan(regions, cursor, graph_memory)

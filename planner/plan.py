@@ -204,6 +204,12 @@ class Op(NamedTuple):
         return next((v for k, v in self.attrs if k == name), default)
 
 
+#: `new_record(Operand, (role, tensor, position, value, accumulate))`: a record built from every one of
+#: its fields, in order, without the named tuple's Python-level `__new__`, which costs as much again as
+#: the tuple itself. The compiler makes its thousands of records this way; the result is the same record.
+new_record = tuple.__new__
+
+
 def _find(operands, role, position, value):
     for operand in operands:
         if operand.role == role and operand.position == position and operand.value == value:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
 from planner.plan import (
     DTYPE_BYTES, INPUT_ROLES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
-    TensorSpec, gradient_roles, role_named,
+    TensorSpec, gradient_roles, new_record, role_named,
 )
 from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
 
@@ -65,13 +65,15 @@ class _TensorMaker:
 
     def new(self, name: str, region: Region, dtype: str, shapes, graph: str = "") -> int:
         """`shapes` is one shape (persistent) or {variant: shape}."""
-        if isinstance(shapes, dict):
-            slot, elements, variant_shapes = _variant_slot(tuple(shapes.items()))
-        else:
-            slot, elements, variant_shapes = size_slot(shapes)
+        sized = _variant_slot(tuple(shapes.items())) if isinstance(shapes, dict) else size_slot(shapes)
+        return self.sized(name, region, dtype, sized, graph)
+
+    def sized(self, name: str, region: Region, dtype: str, sized: tuple, graph: str = "") -> int:
+        """`sized` is `size_slot`'s (slot shape, elements, variant shapes), e.g. `Setting.value_slots[graph][value]`."""
+        slot, elements, variant_shapes = sized
         tid = self.first + len(self.made)
-        self.made.append(TensorSpec(tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1, graph,
-                                    variant_shapes))
+        self.made.append(new_record(TensorSpec, (tid, name, region, dtype, slot, elements * DTYPE_BYTES[dtype], -1,
+                                                 graph, variant_shapes)))
         return tid
 
 
@@ -81,8 +83,10 @@ class Setting:
     arch: ArchPlan
     prims: tuple[tuple[int, ArchLayer], ...]      # primitive_list(arch)
     positions_of: dict[int, tuple[int, ...]]      # arch layer index -> its primitive positions
+    names: tuple[str, ...]                        # arch layer index -> its name (a property worth computing once)
     value_shapes: dict[str, dict[int, Shape]]     # variant -> value -> shape
     variants_of: dict[str, list[str]]             # graph -> its variants
+    value_slots: dict[str, dict[int, tuple]]      # graph -> value -> size_slot of its shapes in the graph's variants
     act_dtype: str
     training: bool
     slots: int                                     # optimizer state slots
@@ -101,8 +105,12 @@ def setting_for(arch, value_shapes, variants_of, act_dtype, training, slots) -> 
     positions_of: dict[int, list[int]] = {}
     for position, (owner, _) in enumerate(prims):
         positions_of.setdefault(owner, []).append(position)
-    return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()}, value_shapes, variants_of,
-                   act_dtype, training, slots)
+    # sized once per value, not per tensor: a value's own tensor, its gradient and a fused op's workspaces share it
+    value_slots = {graph: {value: _variant_slot(tuple((v, value_shapes[v][value]) for v in names))
+                           for value in value_shapes[names[0]]} for graph, names in variants_of.items()}
+    return Setting(arch, prims, {k: tuple(v) for k, v in positions_of.items()},
+                   tuple(layer.name for layer in arch.layers), value_shapes, variants_of, value_slots, act_dtype,
+                   training, slots)
 
 
 # ---- persistent tensors ---------------------------------------------------------------------------
@@ -113,6 +121,10 @@ class Persistent:
     params_at: dict[int, tuple[ParamSpec, ...]]   # primitive position -> its parameters and statistics
     trainable: frozenset[int]                     # positions that have trainable parameters
     io: dict[str, int]                            # "input", "labels", "logits", scalars -> tensor id
+    # made once and shared by the ops of every graph: position -> params_at as operands (with the
+    # position in a fused op), and the BN statistics among them (a training forward writes them)
+    param_operands: dict[int, tuple[Operand, ...]]
+    stat_operands: dict[int, tuple[Operand, ...]]
 
 
 SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
@@ -124,9 +136,8 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     rows = []   # ParamSpec fields up to `role`; the linked tensors are made after every parameter
     for position, (_, prim) in enumerate(s.prims):
         for rule, shape in param_shapes[position]:
-            role = role_named(rule.suffix, f"{prim.kind} parameter")
+            role, region = _role_and_region(prim.kind, rule.suffix, rule.region)
             name = f"{prim.prefix}.{rule.suffix}" if prim.prefix else rule.suffix
-            region = Region(rule.region)
             dtype = "int64" if role is Role.NUM_BATCHES_TRACKED else "float32"
             tid = make.new(name, region, dtype, shape)
             layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
@@ -146,23 +157,42 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
                          f"named('...', ...) to give it a distinct scope")
     trainable = [row for row in rows if row[3] == Region.PARAMS]
     grad, state, half = {}, {row[1]: [] for row in trainable}, {}
+    param_size = {tid: size_slot(shape) for _, tid, shape, *_ in trainable}   # a linked tensor has its parameter's size
     if s.training:
-        for name, tid, shape, *_ in trainable:
-            grad[tid] = make.new("grad." + name, Region.GRADS, "float32", shape)
+        for name, tid, *_ in trainable:
+            grad[tid] = make.sized("grad." + name, Region.GRADS, "float32", param_size[tid])
         for slot in range(s.slots):
-            for name, tid, shape, *_ in trainable:
-                state[tid].append(make.new(f"state{slot}.{name}", Region.OPTIM, "float32", shape))
+            for name, tid, *_ in trainable:
+                state[tid].append(make.sized(f"state{slot}.{name}", Region.OPTIM, "float32", param_size[tid]))
     if s.arch.amp:
-        for name, tid, shape, *_ in trainable:
-            half[tid] = make.new("fp16." + name, Region.WEIGHTS16, "float16", shape)
+        for name, tid, *_ in trainable:
+            half[tid] = make.sized("fp16." + name, Region.WEIGHTS16, "float16", param_size[tid])
     io = _io_tensors(s, make)
-    params = tuple(ParamSpec(*row, grad.get(row[1], -1), half.get(row[1], -1), tuple(state.get(row[1], ())))
-                   for row in rows)
+    params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
+                                          tuple(state.get(row[1], ())))) for row in rows)
     params_at: dict[int, list[ParamSpec]] = {}
     for spec in params:
         params_at.setdefault(spec.layer, []).append(spec)
+    param_operands, stat_operands = {}, {}
+    for position, specs in params_at.items():
+        at = position if s.arch.layers[s.prims[position][0]].kind in FUSED else -1
+        param_operands[position] = tuple(new_record(Operand, (spec.role, spec.tensor, at, -1, False)) for spec in specs)
+        stats = tuple(o for o, spec in zip(param_operands[position], specs) if spec.region == Region.BN_STATS)
+        if stats:
+            stat_operands[position] = stats
     return Persistent(tuple(make.made), params, {k: tuple(v) for k, v in params_at.items()},
-                      frozenset(row[5] for row in trainable), io)
+                      frozenset(row[5] for row in trainable), io, param_operands, stat_operands)
+
+
+@functools.lru_cache(maxsize=None)
+def _role_and_region(kind: str, suffix: str, region: str) -> tuple[Role, Region]:
+    """A parameter rule's role and region, made once per rule, not per parameter (enum lookups are slow)."""
+    return role_named(suffix, f"{kind} parameter"), Region(region)
+
+
+@functools.lru_cache(maxsize=None)
+def _extra_role(kind: str, extra: str) -> Role:
+    return role_named(extra, f"{kind} extra")
 
 
 def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
@@ -249,7 +279,7 @@ def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
         suffix = extra.role if saved else f"{extra.role}_{phase}"
         tid = make.new(f"{graph}.{prim.prefix or prim.path}:{suffix}", Region.SAVED if saved else Region.TRANSIENT,
                        dtype, variant_shapes, graph)
-        out.append((role_named(extra.role, f"{prim.kind} extra"), tid, saved))
+        out.append((_extra_role(prim.kind, extra.role), tid, saved))
     return out
 
 
@@ -261,18 +291,14 @@ class Values:
 
 
 def value_tensors(s: Setting, p: Persistent, graph: str, saved: frozenset[int], first: int) -> Values:
-    make = _TensorMaker(first)
+    make, slots = _TensorMaker(first), s.value_slots[graph]
     tensor_of = {NETWORK_INPUT: p.io["input"], s.logits_value: p.io["logits"], s.loss_value: p.io["loss"]}
     for _, prim in s.prims:
         if prim.output not in tensor_of:
             region = Region.SAVED if prim.output in saved else Region.TRANSIENT
-            tensor_of[prim.output] = make.new(f"{graph}.v{prim.output}", region, s.act_dtype,
-                                              _shapes_of(s, graph, prim.output), graph)
+            tensor_of[prim.output] = make.sized(f"{graph}.v{prim.output}", region, s.act_dtype, slots[prim.output],
+                                                graph)
     return Values(tuple(make.made), tensor_of)
-
-
-def _shapes_of(s: Setting, graph: str, value: int) -> dict[str, Shape]:
-    return {v: s.value_shapes[v][value] for v in s.variants_of[graph]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +311,8 @@ class Forward:
 def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str, first: int) -> Forward:
     make, ops, saved_extras = _TensorMaker(first), [], {}
     train = graph == "train"
-    tensor_of = values.tensor_of
+    tensor_of, attrs = values.tensor_of, (("training", train),)
+    y = Role.Y   # enum members read once, not per operand
     for index, layer in enumerate(s.arch.layers):
         if layer.kind == "softmax_ce":
             continue
@@ -296,20 +323,19 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
             at = position if fused else -1
             for role, value in zip(INPUT_ROLES[prim.kind], prim.inputs):
                 if value not in produced:
-                    reads.append(Operand(role, tensor_of[value], at))
-            params = p.params_at.get(position, ())
-            reads += [Operand(spec.role, spec.tensor, at) for spec in params]
+                    reads.append(new_record(Operand, (role, tensor_of[value], at, -1, False)))
+            reads += p.param_operands.get(position, ())
             if train:   # training updates the running statistics
-                writes += [Operand(spec.role, spec.tensor, at) for spec in params if spec.region == Region.BN_STATS]
-            writes.append(Operand(Role.Y, tensor_of[prim.output], at))
+                writes += p.stat_operands.get(position, ())
+            writes.append(new_record(Operand, (y, tensor_of[prim.output], at, -1, False)))
             produced.add(prim.output)
             if position in extras_of:
                 made = _extra_tensors(s, make, prim, extras_of[position], graph, "f")
-                writes += [Operand(role, tid, at) for role, tid, _ in made]
+                writes += [new_record(Operand, (role, tid, at, -1, False)) for role, tid, _ in made]
                 if any(saved for _, _, saved in made):
                     saved_extras[position] = tuple((role, tid) for role, tid, saved in made if saved)
-        ops.append(Op(len(ops), layer.kind, "forward", index, layer.name, tuple(reads), tuple(writes),
-                      (("training", train),)))
+        ops.append(new_record(Op, (len(ops), layer.kind, "forward", index, s.names[index], tuple(reads),
+                                   tuple(writes), attrs)))
     return Forward(tuple(ops), tuple(make.made), saved_extras)
 
 
@@ -324,8 +350,8 @@ def loss_op(s: Setting, p: Persistent, graph: str, index: int, first: int) -> Lo
     make, grads = _TensorMaker(first), {}
     writes = [Operand(Role.LOSS, p.io["loss"]), Operand(Role.CORRECT, p.io["correct"])]
     if graph == "train":
-        grads[s.logits_value] = make.new(f"{graph}.d{s.logits_value}", Region.TRANSIENT, s.act_dtype,
-                                         _shapes_of(s, graph, s.logits_value), graph)
+        grads[s.logits_value] = make.sized(f"{graph}.d{s.logits_value}", Region.TRANSIENT, s.act_dtype,
+                                           s.value_slots[graph][s.logits_value], graph)
         writes.append(Operand(Role.DLOGITS, grads[s.logits_value]))
     op = Op(index, "softmax_ce", "loss", len(s.arch.layers) - 1, "loss",
             (Operand(Role.LOGITS, p.io["logits"]), Operand(Role.LABELS, p.io["labels"])), tuple(writes))
@@ -355,6 +381,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
     make, ops = _TensorMaker(first), []
     needs = needs_grad(s, p)
     grads = dict(loss.grads)      # value -> its gradient tensor, as backward reaches it
+    dy = Role.DY
     for index in range(len(s.arch.layers) - 2, -1, -1):
         layer = s.arch.layers[index]
         positions = s.positions_of[index]
@@ -362,7 +389,7 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
             continue
         if layer.output not in grads:
             continue
-        reads, writes = [Operand(Role.DY, grads[layer.output])], []
+        reads, writes = [new_record(Operand, (dy, grads[layer.output], -1, -1, False))], []
         if layer.kind in FUSED:
             kept = fused_saved_values(layer)
             reads += _fused_backward_reads(s, p, values, forward, positions, kept)
@@ -370,26 +397,32 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
         else:
             _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, positions[0], reads, writes)
         for position in positions:
-            at = position if layer.kind in FUSED else -1
-            writes += [Operand(PARAM_GRADIENT[spec.role], spec.grad, at) for spec in p.params_at.get(position, ())
-                       if spec.grad >= 0]
+            if position in p.trainable:
+                at = position if layer.kind in FUSED else -1
+                writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
+                           for spec in p.params_at[position] if spec.grad >= 0]
         _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
-        ops.append(Op(first_index + len(ops), layer.kind, "backward", index, layer.name, tuple(reads), tuple(writes)))
+        ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, s.names[index], tuple(reads),
+                                   tuple(writes), ())))
     return Backward(tuple(ops), tuple(make.made))
 
 
 def _unfused_backward_operands(s, p, values, forward, extras_of, make, graph, position, reads, writes) -> None:
     prim = s.prims[position][1]
     saves = OPS[prim.kind].saves
+    tensor_of, weight = values.tensor_of, Role.WEIGHT
     if "input" in saves:   # every input, by its row's role (channel_mul's backward reads x and s)
-        reads += [Operand(role, values.tensor_of[v]) for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
+        reads += [new_record(Operand, (role, tensor_of[v], -1, -1, False))
+                  for role, v in zip(INPUT_ROLES[prim.kind], prim.inputs)]
     if "output" in saves:
-        reads.append(Operand(Role.Y, values.tensor_of[prim.output]))
-    reads += [Operand(Role.WEIGHT, spec.tensor) for spec in p.params_at.get(position, ()) if spec.role is Role.WEIGHT]
-    reads += [Operand(role, tid) for role, tid in forward.saved_extras.get(position, ())]
+        reads.append(new_record(Operand, (Role.Y, tensor_of[prim.output], -1, -1, False)))
+    if position in p.param_operands:
+        reads += [operand for operand in p.param_operands[position] if operand.role is weight]
+    if position in forward.saved_extras:
+        reads += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid in forward.saved_extras[position]]
     if position in extras_of:
         made = _extra_tensors(s, make, prim, extras_of[position], graph, "b")
-        writes += [Operand(role, tid) for role, tid, _ in made]
+        writes += [new_record(Operand, (role, tid, -1, -1, False)) for role, tid, _ in made]
 
 
 def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None:
@@ -403,26 +436,27 @@ def _input_gradients(s, make, layer, needs, grads, graph, reads, writes) -> None
             continue
         accumulate = value in grads
         if not accumulate:
-            grads[value] = make.new(f"{graph}.d{value}", Region.TRANSIENT, s.act_dtype, _shapes_of(s, graph, value),
-                                    graph)
+            grads[value] = make.sized(f"{graph}.d{value}", Region.TRANSIENT, s.act_dtype, s.value_slots[graph][value],
+                                      graph)
             created_here.add(grads[value])
         tid, key = grads[value], value if fused else -1
         # add(x, x): the second role adds onto what the first role of this same op wrote, so it
         # reads nothing that an earlier op wrote
         if accumulate and tid not in created_here:
-            reads.append(Operand(role, tid, -1, key))
-        writes.append(Operand(role, tid, -1, key, accumulate))
+            reads.append(new_record(Operand, (role, tid, -1, key, False)))
+        writes.append(new_record(Operand, (role, tid, -1, key, accumulate)))
 
 
 def _fused_backward_reads(s, p, values, forward, positions, kept) -> list[Operand]:
     reads = []
     for position in positions:
         prim = s.prims[position][1]
-        reads += [Operand(Role.SAVED, values.tensor_of[value], -1, value) for value in (prim.output, *prim.inputs)
-                  if value in kept]
-        reads += [Operand(spec.role, spec.tensor, position) for spec in p.params_at.get(position, ())
-                  if spec.region == Region.PARAMS]
-        reads += [Operand(role, tid, position) for role, tid in forward.saved_extras.get(position, ())]
+        reads += [new_record(Operand, (Role.SAVED, values.tensor_of[value], -1, value, False))
+                  for value in (prim.output, *prim.inputs) if value in kept]
+        reads += [new_record(Operand, (spec.role, spec.tensor, position, -1, False))
+                  for spec in p.params_at.get(position, ()) if spec.region == Region.PARAMS]
+        reads += [new_record(Operand, (role, tid, position, -1, False))
+                  for role, tid in forward.saved_extras.get(position, ())]
     return list(dict.fromkeys(reads))
 
 
@@ -434,15 +468,17 @@ def _fused_workspace(s, make, extras_of, positions, kept, graph) -> list[Operand
     for prim in internal:
         value = prim.output
         if value != last and value not in kept:
-            writes.append(Operand(Role.RECOMPUTE, make.new(f"{graph}.r{value}", Region.TRANSIENT, s.act_dtype,
-                                                           _shapes_of(s, graph, value), graph), -1, value))
+            writes.append(new_record(Operand, (Role.RECOMPUTE, make.sized(f"{graph}.r{value}", Region.TRANSIENT,
+                                                                          s.act_dtype, s.value_slots[graph][value],
+                                                                          graph), -1, value, False)))
         if value != last:
-            writes.append(Operand(Role.GRAD, make.new(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
-                                                      _shapes_of(s, graph, value), graph), -1, value))
+            writes.append(new_record(Operand, (Role.GRAD, make.sized(f"{graph}.g{value}", Region.TRANSIENT, s.act_dtype,
+                                                                     s.value_slots[graph][value], graph),
+                                               -1, value, False)))
     for position in positions:
         if position in extras_of:
             made = _extra_tensors(s, make, s.prims[position][1], extras_of[position], graph, "b")
-            writes += [Operand(role, tid, position) for role, tid, _ in made]
+            writes += [new_record(Operand, (role, tid, position, -1, False)) for role, tid, _ in made]
     return writes
 
 
@@ -450,9 +486,11 @@ def optimizer_op(p: Persistent, index: int) -> Op:
     """One update of every trainable parameter; the state tensors slot by slot."""
     trainable = [spec for spec in p.params if spec.grad >= 0]
     slots = len(trainable[0].state) if trainable else 0
-    state = [Operand(Role.STATE, spec.state[slot]) for slot in range(slots) for spec in trainable]
-    params = [Operand(Role.PARAM, spec.tensor) for spec in trainable]
-    reads = [Operand(Role.GRAD, spec.grad) for spec in trainable] + params + state
+    state_role, param_role, grad_role = Role.STATE, Role.PARAM, Role.GRAD
+    state = [new_record(Operand, (state_role, spec.state[slot], -1, -1, False)) for slot in range(slots)
+             for spec in trainable]
+    params = [new_record(Operand, (param_role, spec.tensor, -1, -1, False)) for spec in trainable]
+    reads = [new_record(Operand, (grad_role, spec.grad, -1, -1, False)) for spec in trainable] + params + state
     reads += [Operand(Role.LR, p.io["lr"]), Operand(Role.STEP, p.io["step"])]
     writes = params + state + [Operand(Role.STEP, p.io["step"])]
     return Op(index, "optimizer", "optimizer", -1, "optimizer", tuple(reads), tuple(writes))

@@ -8,7 +8,9 @@ import pytest
 from blueprint import BluePrint, add2, fc, identity, seq, zoo
 from planner import ArchPlan
 from planner.compiler import Compiler
-from planner.plan import INPUT_GRADIENTS, Op, Operand, Region, Role, role_named
+from planner.plan import (
+    INPUT_GRADIENTS, Op, Operand, ParamSpec, Region, Role, TensorSpec, new_record, role_named,
+)
 
 # (model, fuse and amp, training, optimizer state slots)
 PLANS = [
@@ -121,3 +123,33 @@ def test_an_operand_name_the_planner_does_not_know_raises():
     assert role_named("running_var", "bn2d parameter") is Role.RUNNING_VAR
     with pytest.raises(ValueError, match=r"conv extra: the registry names an operand 'colbuf' .* add it to Role"):
         role_named("colbuf", "conv extra")
+
+
+def test_records_built_from_their_fields_equal_the_named_constructor():
+    """`new_record` (the compiler's fast path) makes the same record as the class called with every field."""
+    fields = {Operand: (Role.DX, 13, -1, 7, True),
+              TensorSpec: (4, "train.v3", Region.TRANSIENT, "float32", (2, 3), 24, 256, "train", (("train", (2, 3)),)),
+              ParamSpec: ("conv1.weight", 0, (8, 3, 3, 3), Region.PARAMS, "kaiming", 0, "ohwi", (), 27, 72,
+                          Role.WEIGHT, 5, -1, (6,)),
+              Op: (0, "conv", "forward", 0, "conv1", (Operand(Role.X, 1),), (Operand(Role.Y, 2),), (("training", True),))}
+    for record, values in fields.items():
+        built = new_record(record, values)
+        assert type(built) is record and built == record(*values) and built._asdict() == record(*values)._asdict()
+
+
+def test_every_record_of_a_plan_has_all_its_fields(plan):
+    """A record built by `new_record` from a too-short or too-long tuple would still be a tuple of its
+    class; each one in a compiled plan must have exactly its class's fields, of the right kinds."""
+    for spec in plan.params:
+        assert type(spec) is ParamSpec and len(spec) == len(ParamSpec._fields), spec
+        assert type(spec.role) is Role and type(spec.region) is Region and isinstance(spec.state, tuple), spec
+    for t in plan.tensors:
+        assert type(t) is TensorSpec and len(t) == len(TensorSpec._fields), t
+        assert type(t.region) is Region and t.offset >= 0, t
+    for graph in plan.graphs.values():
+        for op in graph.ops:
+            assert type(op) is Op and len(op) == len(Op._fields), op
+            for o in op.reads + op.writes:
+                assert type(o) is Operand and len(o) == len(Operand._fields), (op.name, o)
+                assert type(o.role) is Role and type(o.accumulate) is bool, (op.name, o)
+                assert isinstance(o.tensor, int) and isinstance(o.position, int) and isinstance(o.value, int)
