@@ -16,9 +16,12 @@ simulator's idea, with a few placement orders and the smallest arena kept):
    the new one's occupy intervals ``[offset, offset + size)``; walk those in
    offset order, look at the gaps between them (and the unbounded gap above the
    highest), take the smallest gap that fits, lowest offset on a tie.
-4. Steps 2-3 run for ``size`` first; the others run only while the smallest
-   arena so far is above the lower bound. The smallest arena wins, the earlier
-   strategy on a tie.
+4. Steps 2-3 run for ``size`` first. Only if its arena is above 1.05x the
+   lower bound (the project's target) do the others run, in order, until one
+   reaches the bound; the smallest arena wins, the earlier strategy on a tie.
+   Each order costs about one more placement (on 2,000-3,000 tensor problems
+   1.6-4.7 ms each, compiled), so a plan within the target, the usual case,
+   pays for one order and the lower bound's event sweep.
 
 ``arena_bytes`` is the highest end of any placed tensor. The lower bound is the
 largest total of aligned sizes live at any one op (an event sweep); no
@@ -65,6 +68,7 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_ARENA_BYTES = 2**62  # keeps every offset + size far from int64 overflow
 MAX_ALIGNMENT = 2**30
 TIME_BUCKETS = 32  # more spans scan less but copy long-lived tensors into more shelves
+RETRY_ABOVE_PERCENT = 105  # the project's target, arena <= 1.05x the bound: above it the other orders run
 
 
 def check_problem(sizes, first, last, alignment):
@@ -116,17 +120,20 @@ def _int64s(values):
 
 
 def assign_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
-    """Offsets (int64, multiples of ``alignment``) and the arena size in bytes: the smallest arena of
-    the ``STRATEGIES``, tried in order until one reaches the lower bound (the first on a tie)."""
+    """Offsets (int64, multiples of ``alignment``) and the arena size in bytes: greedy by size's plan
+    where it is at most ``RETRY_ABOVE_PERCENT`` percent of the lower bound, else the smallest arena of the
+    ``STRATEGIES``, tried in order until one reaches the bound (the first on a tie)."""
     aligned, first, last = check_problem(sizes, first, last, alignment)
+    best_offsets, best_arena = _place_in_order(aligned, first, last, ORDERS[STRATEGIES[0]](aligned, first, last))
     bound = _peak_live(aligned, first, last)
-    best_offsets, best_arena = None, 0
-    for strategy in STRATEGIES:
-        offsets, arena = _place_in_order(aligned, first, last, ORDERS[strategy](aligned, first, last))
-        if best_offsets is None or arena < best_arena:
-            best_offsets, best_arena = offsets, arena
+    if 100 * best_arena <= RETRY_ABOVE_PERCENT * bound:
+        return best_offsets, best_arena
+    for strategy in STRATEGIES[1:]:
         if best_arena <= bound:
             break  # no placement beats the bound
+        offsets, arena = _place_in_order(aligned, first, last, ORDERS[strategy](aligned, first, last))
+        if arena < best_arena:
+            best_offsets, best_arena = offsets, arena
     return best_offsets, best_arena
 
 
@@ -170,7 +177,7 @@ def _by_breadth(aligned, first, last):
 
 ORDERS = {"size": _by_size, "size_then_longest": _by_size_then_longest,
           "size_then_latest": _by_size_then_latest, "breadth": _by_breadth}
-STRATEGIES = tuple(ORDERS)  # the default first: its plan stands wherever it reaches the bound
+STRATEGIES = tuple(ORDERS)  # greedy by size first: its plan stands wherever it meets the target
 
 
 def _widest_live(aligned, first, last):
