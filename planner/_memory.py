@@ -19,9 +19,10 @@ simulator's idea, with a few placement orders and the smallest arena kept):
 4. Steps 2-3 run for ``size`` first. Only if its arena is above 1.05x the
    lower bound (the project's target) do the others run, in order, until one
    reaches the bound; the smallest arena wins, the earlier strategy on a tie.
-   Each order costs about one more placement (on 2,000-3,000 tensor problems
-   1.6-4.7 ms each, compiled), so a plan within the target, the usual case,
-   pays for one order and the lower bound's event sweep.
+   Each order costs about one more placement (1.6-4.7 ms each, compiled, on
+   the 2,000-3,000 tensor problems of `benchmarks/bench_memory_alloc.py`,
+   measured), so a plan within the target, the usual case, pays for one order
+   and the lower bound's event sweep.
 
 ``arena_bytes`` is the highest end of any placed tensor. The lower bound is the
 largest total of aligned sizes live at any one op (an event sweep); no
@@ -164,8 +165,9 @@ def _by_size_then_longest(aligned, first, last):
 
 
 def _by_size_then_latest(aligned, first, last):
-    """Size descending, last op descending: greedy by size walking time backwards, which packs a
-    chain that grows toward the end of the schedule (backward ending at its widest op) in step."""
+    """Size descending, last op descending: greedy by size walking time backwards. A chain of
+    equal tensors is placed from its end, so its link live at a wide op near the end of the
+    schedule (mobilenet_v3_small's last backward op) is placed first and the chain packs around it."""
     return np.lexsort((-last.astype(np.int64), -aligned))
 
 
