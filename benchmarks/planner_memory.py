@@ -6,8 +6,8 @@
 For each zoo model, its training variant (`{"train": (batch, H, W, C)}` at the zoo's input shape)
 is compiled unfused fp32 (`ArchPlan.from_blueprint(bp)`) and fused AMP (`fuse=True, amp=True`).
 The train graph's transient region is reported: the lower bound (the largest total of 256-byte
-aligned transient bytes live at any op, which no placement can beat), the planned size (greedy by
-size, best fit), their ratio (the target is <= 1.05) and the no-reuse total (every transient in
+aligned transient bytes live at any op, which no placement can beat), the planned size (best
+fit in the allocator's orders), their ratio (the target is <= 1.05) and the no-reuse total (every transient in
 its own slot). The numbers are exact byte counts of the plan; nothing is timed.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ that the fp16 weight copies can sit at exactly half those offsets (still 256-ali
 optimizer state and fp16 weights mirror the parameter layout element for element, and one
 kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast). Saved activations (written in forward, read in backward) and transient
 tensors (everything else that lives inside one step) get offsets from their lifetimes over
-the op schedule: lifetimes -> greedy-by-size best-fit allocator (planner.memory_alloc) ->
+the op schedule: lifetimes -> best-fit allocator, greedy by size and other orders (planner.memory_alloc) ->
 offsets. The eval graph's transients overlay the train graph's in the same region.
 Never planned: host-side buffers (the data loader's batches) and per-kernel registers or
 shared memory.

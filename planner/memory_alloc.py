@@ -1,4 +1,4 @@
-"""The offset allocator for transient tensors: greedy by size, best fit.
+"""The offset allocator for transient tensors: best fit in a few orders (greedy by size first), the smallest arena kept.
 
 ``assign_offsets(sizes, first, last, alignment=256) -> (offsets, arena_bytes)`` places
 every tensor (int64 byte sizes, inclusive int32 op-index lifetimes) in one arena so
@@ -24,9 +24,14 @@ def assign_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
     return load("planner._memory").assign_offsets(sizes, first, last, alignment)
 
 
+def assign_offsets_by(strategy, sizes, first, last, alignment=DEFAULT_ALIGNMENT):
+    """Offsets and arena size of one placement order alone (a name in ``planner._memory.STRATEGIES``)."""
+    return load("planner._memory").assign_offsets_by(strategy, sizes, first, last, alignment)
+
+
 def live_lower_bound(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
     """Largest total of aligned sizes live at any one op; a bound no allocator can beat."""
     return load("planner._memory").live_lower_bound(sizes, first, last, alignment)
 
 
-__all__ = ["assign_offsets", "live_lower_bound"]
+__all__ = ["assign_offsets", "assign_offsets_by", "live_lower_bound"]

@@ -3,11 +3,15 @@ against torchvision's `state_dict`, forward MACs per sample at 224x224 against t
 GMACs, and the memory plan against its own lower bound."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
+import planner.memory
 from blueprint import zoo
 from planner import ArchPlan
 from planner.compiler import Compiler
+from planner.memory_alloc import assign_offsets_by
 
 # torchvision's trainable parameter counts (vgg16_bn without its 13 conv biases, 4,224 values:
 # the zoo's convolutions have none, a BN follows each)
@@ -87,13 +91,28 @@ def test_fusing_keeps_every_parameter_name_shape_and_region(name):
     assert sum(fused.macs_per_sample.values()) == sum(unfused.macs_per_sample.values())
 
 
-# known misses of the allocator's 1.05 target at this batch (2); the plan is still verified elsewhere
-TRANSIENT_MISSES = {"mobilenet_v3_small": "greedy best fit places 1.116x the lower bound at batch 2 (measured)"}
+# The allocator's placement orders against greedy by size alone (its first order, the only one
+# before them): (size alone, as planned) transient arena / lower bound, train plan at batch 2, every
+# zoo model unfused and fused AMP. Measured; a row missing here is (1.000, 1.000), arena == bound.
+# mobilenet_v3_small: see `planner._memory`'s docstring for why greedy by size misses there.
+PLACEMENT_ORDER_GAINS = {("mobilenet_v3_small", False): (1.116, 1.000)}
+ZOO_VARIANTS = [pytest.param(name, fuse, id=f"{name}-{'fused' if fuse else 'unfused'}")
+                for name in zoo.MODELS for fuse in (False, True)]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=TRANSIENT_MISSES[n]))
-                                  if n in TRANSIENT_MISSES else n for n in zoo.MODELS])
-def test_transient_memory_is_within_5_percent_of_the_lower_bound(name):
-    train = plan_of(name, training=True).memory.graphs["train"]
+@pytest.mark.parametrize("name, fuse", ZOO_VARIANTS)
+def test_transient_memory_is_within_5_percent_of_the_lower_bound(name, fuse):
+    train = plan_of(name, fuse=fuse, training=True).memory.graphs["train"]
     assert train.transient_lower_bound_bytes <= train.transient_planned_bytes <= 1.05 * train.transient_lower_bound_bytes
     assert train.transient_planned_bytes < train.transient_no_reuse_bytes
+
+
+@pytest.mark.parametrize("name, fuse", ZOO_VARIANTS)
+def test_transient_ratio_with_greedy_by_size_alone_and_as_planned(name, fuse, monkeypatch):
+    def ratio():
+        train = plan_of(name, fuse=fuse, training=True).memory.graphs["train"]
+        return round(train.transient_planned_bytes / train.transient_lower_bound_bytes, 3)
+
+    planned = ratio()
+    monkeypatch.setattr(planner.memory, "assign_offsets", functools.partial(assign_offsets_by, "size"))
+    assert (ratio(), planned) == PLACEMENT_ORDER_GAINS.get((name, fuse), (1.0, 1.0))
