@@ -5,8 +5,11 @@ Each activation row names its float32 pair; the bodies keep to what `numba.njit`
 evaluated as plain Python they agree with the row's numpy reference, the independent spec.
 """
 import ast
+import dataclasses
 import inspect
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,3 +68,19 @@ def test_the_bodies_agree_with_the_numpy_reference(prim):
     # a few float32 roundings; values that cancel (gelu's tail) meet the bound relative to the largest
     for got, want in ((got_y, want_y), (got_dx, want_dx)):
         np.testing.assert_allclose(got, want, rtol=8 * F32_EPS, atol=8 * F32_EPS * np.abs(want).max())
+
+
+@pytest.mark.parametrize("change, activation", [
+    (dict(scalar_backward=None), True),                       # an activation row without its whole pair
+    (dict(activation=False), False),                          # a pair on a row that is not an activation
+], ids=["activation-without-pair", "pair-without-activation"])
+def test_a_row_and_its_pair_must_agree(monkeypatch, change, activation):
+    from planner import ops
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    from toy_activation import SQUARE_ROW
+    monkeypatch.setattr(ops, "_ROWS", dict(ops._ROWS))   # a scratch table
+    with pytest.raises(ValueError, match=rf"the row of 'square' has activation={activation} but scalar pair .*; an "
+                                         rf"activation row names its pair in planner/scalar_activations.py"):
+        ops.register(dataclasses.replace(SQUARE_ROW, **change))
+    ops.register(SQUARE_ROW)   # the fix: the row with its whole pair
+    assert ops._ROWS["square"] is SQUARE_ROW
