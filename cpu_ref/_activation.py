@@ -6,13 +6,13 @@ bodies the CUDA path compiles): one loop over a span each, so that the loop vect
 activation touches nothing in this file. The backward reads ``saved``: what the row saves, the
 *output* where the derivative is a function of it (relu, relu6, sigmoid, tanh), the *input* otherwise.
 """
-from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange
 
 from cpu_ref._misc import flat, partition, run_split
+from planner.kernel_table import activation_kernels, activation_kernels_of
 from planner.ops import OPS, OpRow
 
 _ZERO = np.float32(0.0)
@@ -59,21 +59,11 @@ def pointwise(row: OpRow) -> _Pointwise:
     return _Pointwise((forward_span, forward_parallel), (backward_span, backward_parallel))
 
 
-def activation_kernels(table) -> MappingProxyType:
-    """The kernels of every activation row of ``table`` (the op table, ``planner.ops.OPS``), in table order."""
-    return MappingProxyType({prim: pointwise(row) for prim, row in table.items() if row.activation})
-
-
-ACTIVATION_KERNELS = activation_kernels(OPS)
+ACTIVATION_KERNELS = activation_kernels(OPS, pointwise)   # Prim -> kernels, every activation row, in table order
 
 
 def _kernels(prim):
-    kernels = ACTIVATION_KERNELS.get(prim)
-    if kernels is None:
-        raise ValueError(f"activation kernel: expected one of {[p.value for p in ACTIVATION_KERNELS]}, got {prim!r}; "
-                         f"an activation is a row of the op table: activation(...) in planner/ops.py with its scalar "
-                         f"pair in planner/scalar_activations.py")
-    return kernels
+    return activation_kernels_of(ACTIVATION_KERNELS, prim)   # reads the module's table when called
 
 
 def activation_forward(prim, x, y, alpha):

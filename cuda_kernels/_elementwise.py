@@ -8,12 +8,12 @@ loop, computes in fp32 and stores fp16; ``accumulate`` (int32 0/1) chooses betwe
 overwriting ``dx`` and adding into it (the contract's gradient accumulation).
 """
 import math
-from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
 from numba import cuda
 
+from planner.kernel_table import activation_kernels, activation_kernels_of
 from planner.ops import OPS, OpRow
 
 from ._registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
@@ -57,21 +57,11 @@ def pointwise(row: OpRow) -> _Pointwise:
                       kernel(f"activation_backward.{row.prim.value}", (H1, H1, H1, F32, I32))(backward), f, grad)
 
 
-def activation_kernels(table) -> MappingProxyType:
-    """The kernels of every activation row of ``table`` (the op table, ``planner.ops.OPS``), in table order."""
-    return MappingProxyType({prim: pointwise(row) for prim, row in table.items() if row.activation})
-
-
-ACTIVATION_KERNELS = activation_kernels(OPS)
+ACTIVATION_KERNELS = activation_kernels(OPS, pointwise)   # Prim -> kernels, every activation row, in table order
 
 
 def _kernels(prim):
-    kernels = ACTIVATION_KERNELS.get(prim)
-    if kernels is None:
-        raise ValueError(f"activation kernel: expected one of {[p.value for p in ACTIVATION_KERNELS]}, got {prim!r}; "
-                         f"an activation is a row of the op table: activation(...) in planner/ops.py with its scalar "
-                         f"pair in planner/scalar_activations.py")
-    return kernels
+    return activation_kernels_of(ACTIVATION_KERNELS, prim)   # reads the module's table when called
 
 
 def activation_forward(launcher, prim, x, y, alpha=0.01):

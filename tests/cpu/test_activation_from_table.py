@@ -1,8 +1,9 @@
 """A new activation row gets its CPU kernels from the op table alone (tests/support/toy_activation.py).
 
-`cpu_ref._activation.activation_kernels` is what builds `ACTIVATION_KERNELS` from `planner.ops.OPS` at
-import; handed the table with a toy ``square`` row added, it generates that row's kernels too, and the
-public launchers run them against the row's numpy reference. No file of `cpu_ref/` names the toy.
+`planner.kernel_table.activation_kernels(OPS, pointwise)` is how `cpu_ref._activation` builds
+`ACTIVATION_KERNELS` at import; handed the table with a toy ``square`` row added, it generates that
+row's kernels too, and the public launchers run them against the row's numpy reference. No file of
+`cpu_ref/` names the toy.
 """
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from cpu_ref import _activation, _misc
 from cpu_ref import kernels as K
+from planner.kernel_table import activation_kernels
 from planner.ops import ACTIVATIONS, OPS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -22,7 +24,7 @@ F32_EPS = float(np.finfo(np.float32).eps)
 
 def test_the_module_table_is_generated_from_every_activation_row():
     assert tuple(_activation.ACTIVATION_KERNELS) == ACTIVATIONS
-    assert tuple(_activation.activation_kernels(OPS)) == ACTIVATIONS
+    assert tuple(activation_kernels(OPS, _activation.pointwise)) == ACTIVATIONS
 
 
 @pytest.fixture(params=["calling_thread", "thread_pool"])
@@ -30,7 +32,7 @@ def with_square(request, monkeypatch):
     """The CPU kernels generated from the op table with the toy row; both ways a kernel runs."""
     if request.param == "thread_pool":
         monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
-    kernels = _activation.activation_kernels(TABLE_WITH_SQUARE)
+    kernels = activation_kernels(TABLE_WITH_SQUARE, _activation.pointwise)
     assert tuple(kernels) == ACTIVATIONS + (ToyPrim.SQUARE,)
     monkeypatch.setattr(_activation, "ACTIVATION_KERNELS", kernels)
 

@@ -1,10 +1,11 @@
 """A new activation row gets its CUDA kernels from the op table alone (tests/support/toy_activation.py).
 
-`cuda_kernels._elementwise.activation_kernels` is what builds `ACTIVATION_KERNELS` (and the kernel-table
-rows ``activation_forward.<kind>`` / ``activation_backward.<kind>``) from `planner.ops.OPS` at import;
-handed the table with a toy ``square`` row added, it declares that row's two kernels with the same
-signatures, and the launchers run them (simulator) against the row's numpy reference. The PTX of the
-toy's kernels is checked in test_ptx.py. No file of `cuda_kernels/` names the toy.
+`planner.kernel_table.activation_kernels(OPS, pointwise)` is how `cuda_kernels._elementwise` builds
+`ACTIVATION_KERNELS` (and the kernel-table rows ``activation_forward.<kind>`` /
+``activation_backward.<kind>``) at import; handed the table with a toy ``square`` row added, it declares
+that row's two kernels with the same signatures, and the launchers run them (simulator) against the
+row's numpy reference. The PTX of the toy's kernels is checked in test_ptx.py. No file of
+`cuda_kernels/` names the toy.
 """
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from numba import cuda
 
 from cuda_kernels import _elementwise, _registry
 from cuda_kernels._tape import Immediate
+from planner.kernel_table import activation_kernels
 from planner.ops import ACTIVATIONS, OPS, Prim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -32,7 +34,7 @@ def with_square(monkeypatch):
     """The CUDA kernels generated from the op table with the toy row, declared in a scratch kernel table
     (so the module's table, which the PTX and coverage tests walk, stays as it is)."""
     monkeypatch.setattr(_registry, "KERNELS", {})
-    kernels = _elementwise.activation_kernels(TABLE_WITH_SQUARE)
+    kernels = activation_kernels(TABLE_WITH_SQUARE, _elementwise.pointwise)
     monkeypatch.setattr(_elementwise, "ACTIVATION_KERNELS", kernels)
     return kernels
 

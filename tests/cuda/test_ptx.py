@@ -72,11 +72,12 @@ def test_a_new_activation_rows_kernels_compile_without_fp64(monkeypatch):
     from pathlib import Path
 
     from cuda_kernels import _elementwise, _registry
+    from planner.kernel_table import activation_kernels
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
     from toy_activation import SQUARE_ROW
     relu = _elementwise.ACTIVATION_KERNELS["relu"]
     monkeypatch.setattr(_registry, "KERNELS", {})   # a scratch table: the module's stays as it is
-    toy = _elementwise.activation_kernels({SQUARE_ROW.prim: SQUARE_ROW})[SQUARE_ROW.prim]
+    toy = activation_kernels({SQUARE_ROW.prim: SQUARE_ROW}, _elementwise.pointwise)[SQUARE_ROW.prim]
     for spec, like in ((toy.forward, relu.forward), (toy.backward, relu.backward)):
         assert spec.signature == like.signature
         ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=CC)

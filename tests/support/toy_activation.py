@@ -1,8 +1,8 @@
 """A toy activation, ``square``, added as a row of the op table and nowhere else.
 
-The tests hand this extended table to each path's generator (`cpu_ref._activation.activation_kernels`,
-`cuda_kernels._elementwise.activation_kernels`), exactly as the paths build their kernels from
-`planner.ops.OPS` at import: a new activation row gets its kernels on both paths with no edit in
+The tests hand this extended table with each path's ``pointwise`` to
+`planner.kernel_table.activation_kernels`, exactly as the paths build their kernels from `planner.ops.OPS`
+at import: a new activation row gets its kernels on both paths with no edit in
 `cpu_ref/` or `cuda_kernels/`. The row is a copy of silu's (a row saving its input) with its own kind,
 numpy reference pair and float32 scalar pair.
 """
