@@ -18,7 +18,7 @@ from numba import cuda
 
 from planner.ops import Prim
 
-from ._elementwise import fill_zero
+from ._elementwise import ACTIVATION_KERNELS, fill_zero
 from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
@@ -78,17 +78,17 @@ def _normalise(x, i, c, mean, spread, gamma, beta, spread_is_var, eps):
     return (f32(x[i]) - mean[c]) * invstd * gamma[c] + beta[c]
 
 
-# The activation fused into the apply: none, ReLU, or ReLU6 (MobileNetV2's blocks).
+# The activation fused into the apply: none, ReLU, or ReLU6 (MobileNetV2's blocks), through the same
+# scalar bodies as their own kernels (the op table's pairs, planner/scalar_activations.py).
 CLAMP = {None: 0, Prim.RELU: 1, Prim.RELU6: 2}
-_SIX = np.float32(6.0)
+_relu, _relu6 = ACTIVATION_KERNELS[Prim.RELU].f, ACTIVATION_KERNELS[Prim.RELU6].f
 
 
 @cuda.jit(device=True)
 def _clamp(v, clamp):
     if clamp == 0:
         return v
-    v = max(v, ZERO)
-    return min(v, _SIX) if clamp == 2 else v
+    return _relu6(v, ZERO) if clamp == 2 else _relu(v, ZERO)
 
 
 _APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32)

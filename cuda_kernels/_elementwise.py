@@ -1,5 +1,8 @@
 """Elementwise kernels on flat fp16 views: activations, add, channel pad, dropout, casts.
 
+Every activation of the op table gets its two kernels here, compiled from its row's float32 scalar pair
+(``planner/scalar_activations.py``, the bodies the CPU path compiles too); adding one touches nothing here.
+
 Forward and backward of each primitive sit side by side. Every kernel is a grid-stride
 loop, computes in fp32 and stores fp16; ``accumulate`` (int32 0/1) chooses between
 overwriting ``dx`` and adding into it (the contract's gradient accumulation).
@@ -10,20 +13,12 @@ from typing import NamedTuple
 import numpy as np
 from numba import cuda
 
-from planner.ops import OPS, Prim
+from planner.kernel_table import activation_kernels, activation_kernels_of
+from planner.ops import OPS, OpRow
 
-from ._registry import B1, F1, F32, H1, HALF, I1, I32, ONE, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
+from ._registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
-
-_SIX, _THREE, _THIRD = np.float32(6.0), np.float32(3.0), np.float32(1.0 / 3.0)
-_SIXTH, _INV_SQRT2 = np.float32(1.0 / 6.0), np.float32(1.0 / math.sqrt(2.0))
-_INV_SQRT_2PI = np.float32(1.0 / math.sqrt(2.0 * math.pi))
-
-
-@cuda.jit(device=True)
-def _sigmoid(v):
-    return ONE / (ONE + math.exp(-v))
 
 
 @cuda.jit(device=True)
@@ -33,116 +28,22 @@ def _store(dx, i, v, accumulate):
     dx[i] = f16(v)
 
 
-# Each activation is a pair of fp32 device functions ``f(v, alpha)`` and ``grad(saved, g, alpha)``
-# (``saved``: what its op-table row saves, the output or the input), registered with ``pointwise``.
-@cuda.jit(device=True)
-def _relu(v, alpha):
-    return max(v, ZERO)
-
-
-@cuda.jit(device=True)
-def _relu_grad(s, g, alpha):
-    return g if s > ZERO else ZERO
-
-
-@cuda.jit(device=True)
-def _relu6(v, alpha):
-    return min(max(v, ZERO), _SIX)
-
-
-@cuda.jit(device=True)
-def _relu6_grad(s, g, alpha):
-    return g if (s > ZERO and s < _SIX) else ZERO
-
-
-@cuda.jit(device=True)
-def _leaky_relu(v, alpha):
-    return v if v > ZERO else alpha * v
-
-
-@cuda.jit(device=True)
-def _leaky_relu_grad(s, g, alpha):
-    return g if s > ZERO else alpha * g
-
-
-@cuda.jit(device=True)
-def _sigmoid_act(v, alpha):
-    return _sigmoid(v)
-
-
-@cuda.jit(device=True)
-def _sigmoid_grad(s, g, alpha):
-    return g * s * (ONE - s)
-
-
-@cuda.jit(device=True)
-def _tanh(v, alpha):
-    return math.tanh(v)
-
-
-@cuda.jit(device=True)
-def _tanh_grad(s, g, alpha):
-    return g * (ONE - s * s)
-
-
-@cuda.jit(device=True)
-def _silu(v, alpha):
-    return v * _sigmoid(v)
-
-
-@cuda.jit(device=True)
-def _silu_grad(s, g, alpha):
-    sig = _sigmoid(s)
-    return g * sig * (ONE + s * (ONE - sig))
-
-
-@cuda.jit(device=True)
-def _hardswish(v, alpha):
-    return v * min(max(v + _THREE, ZERO), _SIX) * _SIXTH
-
-
-@cuda.jit(device=True)
-def _hardswish_grad(s, g, alpha):
-    if s < -_THREE:
-        return ZERO
-    return g * (s * _THIRD + HALF) if s <= _THREE else g
-
-
-@cuda.jit(device=True)
-def _gelu(v, alpha):
-    return HALF * v * (ONE + math.erf(v * _INV_SQRT2))   # the exact erf form
-
-
-@cuda.jit(device=True)
-def _gelu_grad(s, g, alpha):
-    cdf = HALF * (ONE + math.erf(s * _INV_SQRT2))
-    return g * (cdf + s * math.exp(-HALF * s * s) * _INV_SQRT_2PI)
-
-
-@cuda.jit(device=True)
-def _hardsigmoid(v, alpha):
-    return min(max(v + _THREE, ZERO), _SIX) * _SIXTH
-
-
-@cuda.jit(device=True)
-def _hardsigmoid_grad(s, g, alpha):
-    return g * _SIXTH if (s > -_THREE and s < _THREE) else ZERO
-
-
 class _Pointwise(NamedTuple):
     forward: KernelSpec
     backward: KernelSpec
+    f: object       # the row's scalar pair as device functions (the BN apply fuses relu and relu6 through them)
+    grad: object
 
 
-ACTIVATION_KERNELS: dict[Prim, _Pointwise] = {}   # filled by pointwise(), one entry per activation
-
-
-def pointwise(prim: Prim, f, grad) -> None:
-    """Register the activation ``prim`` (a row of the op table): its two kernels are generated from the
-    device-function pair, rows ``activation_forward.<kind>`` / ``activation_backward.<kind>`` of the
-    kernel table, so no code chooses among activations inside a kernel."""
-    if not OPS[prim].activation:
-        raise ValueError(f"pointwise({prim!r}): the op table row is not an activation (planner/ops.py)")
+def pointwise(row: OpRow) -> _Pointwise:
+    """The two kernels of the activation ``row`` (an op-table row with its scalar pair), compiled from the
+    pair as fp32 device functions: rows ``activation_forward.<kind>`` / ``activation_backward.<kind>`` of
+    the kernel table, so no code chooses among activations inside a kernel."""
+    if not row.activation:
+        raise ValueError(f"pointwise({row.prim!r}): expected an activation row of the op table (planner/ops.py "
+                         f"activation(...)), got a row with activation=False")
+    f = cuda.jit(device=True)(row.scalar_forward)
+    grad = cuda.jit(device=True)(row.scalar_backward)
 
     def forward(x, y, alpha):
         for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
@@ -152,27 +53,15 @@ def pointwise(prim: Prim, f, grad) -> None:
         for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
             _store(dx, i, grad(f32(saved[i]), f32(dy[i]), alpha), accumulate)
 
-    ACTIVATION_KERNELS[prim] = _Pointwise(kernel(f"activation_forward.{prim.value}", (H1, H1, F32))(forward),
-                                          kernel(f"activation_backward.{prim.value}", (H1, H1, H1, F32, I32))(backward))
+    return _Pointwise(kernel(f"activation_forward.{row.prim.value}", (H1, H1, F32))(forward),
+                      kernel(f"activation_backward.{row.prim.value}", (H1, H1, H1, F32, I32))(backward), f, grad)
 
 
-pointwise(Prim.RELU, _relu, _relu_grad)
-pointwise(Prim.RELU6, _relu6, _relu6_grad)
-pointwise(Prim.LEAKY_RELU, _leaky_relu, _leaky_relu_grad)
-pointwise(Prim.SIGMOID, _sigmoid_act, _sigmoid_grad)
-pointwise(Prim.TANH, _tanh, _tanh_grad)
-pointwise(Prim.SILU, _silu, _silu_grad)
-pointwise(Prim.HARDSWISH, _hardswish, _hardswish_grad)
-pointwise(Prim.GELU, _gelu, _gelu_grad)
-pointwise(Prim.HARDSIGMOID, _hardsigmoid, _hardsigmoid_grad)
+ACTIVATION_KERNELS = activation_kernels(OPS, pointwise)   # Prim -> kernels, every activation row, in table order
 
 
 def _kernels(prim):
-    kernels = ACTIVATION_KERNELS.get(prim)
-    if kernels is None:
-        raise ValueError(f"activation kernel: expected one of {[p.value for p in ACTIVATION_KERNELS]}, got {prim!r}; "
-                         f"a new activation registers its pair with pointwise(...) in cuda_kernels/_elementwise.py")
-    return kernels
+    return activation_kernels_of(ACTIVATION_KERNELS, prim)   # reads the module's table when called
 
 
 def activation_forward(launcher, prim, x, y, alpha=0.01):

@@ -8,7 +8,8 @@ direction, the path and the file to add it to. Nothing falls through to a defaul
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from types import MappingProxyType
+from typing import Callable, Iterator, Mapping
 
 from planner.ops import OPS, Prim
 
@@ -103,3 +104,19 @@ class KernelTable:
 
 def _primitives(layer) -> Iterator:
     return iter(layer.sub or (layer,))
+
+
+def activation_kernels(table: Mapping, pointwise: Callable) -> MappingProxyType:
+    """A path's kernels of every activation row of ``table`` (the op table, `planner.ops.OPS`), in table
+    order: ``pointwise(row)`` generates them from the row's scalar pair (`planner.scalar_activations`)."""
+    return MappingProxyType({prim: pointwise(row) for prim, row in table.items() if row.activation})
+
+
+def activation_kernels_of(kernels: Mapping, prim):
+    """``kernels[prim]``; raises ``ValueError`` naming the activations there are when ``prim`` is none of them."""
+    found = kernels.get(prim)
+    if found is None:
+        raise ValueError(f"activation kernel: expected one of {[p.value for p in kernels]}, got {prim!r}; "
+                         f"an activation is a row of the op table: activation(...) in planner/ops.py with its scalar "
+                         f"pair in planner/scalar_activations.py")
+    return found

@@ -6,7 +6,9 @@ tested against: the `ArchLayer` params it reads, the shape rule, the parameter s
 their initialisers and PyTorch layouts, the MAC count, what the backward pass reads (`saves`:
 the layer's input and/or output value), the extra tensors the kind needs (`extras`: saved
 statistics/indices/masks, workspaces), the directions a plan schedules for it, and its numpy
-reference forward and backward (`planner.reference`), which are the spec.
+reference forward and backward (`planner.reference`), which are the spec; an activation's row
+also names its float32 scalar pair (`planner.scalar_activations`), from which both paths generate
+their kernels.
 Fused kinds have no rows: they are made of primitives (`ArchLayer.sub`) and take their
 shapes, parameters and MACs from them (`planner.compiler`). Each execution path registers
 its kernels against `Prim` in its own package (`planner.kernel_table`).
@@ -20,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, Callable
 
 from planner import reference as R
+from planner import scalar_activations as S
 
 Shape = tuple[int, ...]
 ArchLayer = Any   # a planner._arch.ArchLayer, not imported: planner._arch reads this table (PARAMETER_KINDS)
@@ -97,6 +100,8 @@ class OpRow:
     train_only_extras: bool = True  # False: eval graphs plan the saved extras too, as forward workspaces
     inputs: tuple[str, ...] = ("x",)  # the operand roles (planner.plan.Role values) of its inputs, in order;
                                       # each input's gradient role is "d" + its role
+    scalar_forward: Callable | None = None   # activations: the float32 scalar pair (planner.scalar_activations)
+    scalar_backward: Callable | None = None  # that both paths compile into their kernels
 
 
 _ROWS: dict[Prim, OpRow] = {}
@@ -105,6 +110,10 @@ _ROWS: dict[Prim, OpRow] = {}
 def register(row: OpRow) -> None:
     if row.prim in _ROWS:
         raise ValueError(f"planner/ops.py: a second row for {row.prim.value!r}; each kind has exactly one row")
+    if row.activation != (row.scalar_forward is not None and row.scalar_backward is not None):
+        raise ValueError(f"planner/ops.py: the row of {row.prim.value!r} has activation={row.activation} but scalar pair "
+                         f"({row.scalar_forward}, {row.scalar_backward}); an activation row names its pair in "
+                         f"planner/scalar_activations.py, any other row none")
     _ROWS[row.prim] = row
 
 
@@ -198,21 +207,26 @@ for _prim in (Prim.BN2D, Prim.BN1D):
                    R.batchnorm_forward_train, R.batchnorm_backward))
 
 # ---- activations ------------------------------------------------------------------------------
-def activation(prim: Prim, saves: str, forward: Callable, backward: Callable, attrs: tuple[str, ...] = ()) -> None:
+def activation(prim: Prim, saves: str, forward: Callable, backward: Callable, scalar_forward: Callable,
+               scalar_backward: Callable, attrs: tuple[str, ...] = ()) -> None:
     """A pointwise activation row. ``saves``: "output" where the derivative is a function of the output
-    (the input need not be kept), else "input"; ``attrs``: its one scalar parameter (``alpha``), if any."""
-    register(OpRow(prim, attrs, _same, _none, _zero, (saves,), _none, forward, backward, activation=True))
+    (the input need not be kept), else "input"; ``forward``/``backward``: the numpy reference pair (the spec);
+    ``scalar_forward``/``scalar_backward``: the float32 pair both paths compile into their kernels;
+    ``attrs``: its one scalar parameter (``alpha``), if any."""
+    register(OpRow(prim, attrs, _same, _none, _zero, (saves,), _none, forward, backward, activation=True,
+                   scalar_forward=scalar_forward, scalar_backward=scalar_backward))
 
 
-activation(Prim.RELU, "output", R.relu, R.relu_grad)
-activation(Prim.RELU6, "output", R.relu6, R.relu6_grad)
-activation(Prim.LEAKY_RELU, "input", R.leaky_relu, R.leaky_relu_grad, attrs=("slope",))
-activation(Prim.SIGMOID, "output", R.sigmoid, R.sigmoid_grad)
-activation(Prim.TANH, "output", R.tanh, R.tanh_grad)
-activation(Prim.SILU, "input", R.silu, R.silu_grad)
-activation(Prim.HARDSWISH, "input", R.hardswish, R.hardswish_grad)
-activation(Prim.GELU, "input", R.gelu, R.gelu_grad)
-activation(Prim.HARDSIGMOID, "input", R.hardsigmoid, R.hardsigmoid_grad)
+activation(Prim.RELU, "output", R.relu, R.relu_grad, S.relu, S.relu_grad)
+activation(Prim.RELU6, "output", R.relu6, R.relu6_grad, S.relu6, S.relu6_grad)
+activation(Prim.LEAKY_RELU, "input", R.leaky_relu, R.leaky_relu_grad, S.leaky_relu, S.leaky_relu_grad,
+           attrs=("slope",))
+activation(Prim.SIGMOID, "output", R.sigmoid, R.sigmoid_grad, S.sigmoid, S.sigmoid_grad)
+activation(Prim.TANH, "output", R.tanh, R.tanh_grad, S.tanh, S.tanh_grad)
+activation(Prim.SILU, "input", R.silu, R.silu_grad, S.silu, S.silu_grad)
+activation(Prim.HARDSWISH, "input", R.hardswish, R.hardswish_grad, S.hardswish, S.hardswish_grad)
+activation(Prim.GELU, "input", R.gelu, R.gelu_grad, S.gelu, S.gelu_grad)
+activation(Prim.HARDSIGMOID, "input", R.hardsigmoid, R.hardsigmoid_grad, S.hardsigmoid, S.hardsigmoid_grad)
 
 # ---- regularisation, reshapes, sums ------------------------------------------------------------
 DROPOUT_MASK = Extra("mask", "uint8", saved=True)

@@ -65,6 +65,25 @@ def test_kernel_compiles_for_sm90_without_fp64(name):
     assert fp64_instructions(ptx) == [], f"{name} contains fp64 arithmetic"
 
 
+def test_a_new_activation_rows_kernels_compile_without_fp64(monkeypatch):
+    """The toy ``square`` row of tests/support/toy_activation.py, added to the op table only, gets two kernels
+    that compile for sm_90 with the activation signatures (tests/cuda/test_activation_from_table.py runs them)."""
+    import sys
+    from pathlib import Path
+
+    from cuda_kernels import _elementwise, _registry
+    from planner.kernel_table import activation_kernels
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+    from toy_activation import SQUARE_ROW
+    relu = _elementwise.ACTIVATION_KERNELS["relu"]
+    monkeypatch.setattr(_registry, "KERNELS", {})   # a scratch table: the module's stays as it is
+    toy = activation_kernels({SQUARE_ROW.prim: SQUARE_ROW}, _elementwise.pointwise)[SQUARE_ROW.prim]
+    for spec, like in ((toy.forward, relu.forward), (toy.backward, relu.backward)):
+        assert spec.signature == like.signature
+        ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=CC)
+        assert ".target sm_90" in ptx and fp64_instructions(ptx) == [], f"{spec.name} contains fp64 arithmetic"
+
+
 # ---- tensor-core intrinsics (cuda_kernels._mma) ------------------------------------------------------------
 from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: E402
                                ldmatrix_x4_trans, mma_m16n8k16, shared_address)

@@ -10,7 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = ["blueprint", "blueprint._cli", "blueprint._summary", "blueprint._parse", "blueprint.task",
-           "blueprint.task._checkpoint", "blueprint.task.data", "planner", "planner.compiler", "planner.verify"]
+           "blueprint.task._checkpoint", "blueprint.task.data", "planner", "planner.compiler", "planner.verify",
+           "planner.scalar_activations"]
 SCRIPT = ("import importlib, json, sys\n"
           "for name in sys.argv[1:]:\n"
           "    importlib.import_module(name)\n"
