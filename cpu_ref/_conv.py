@@ -33,16 +33,17 @@ from cpu_ref._misc import partition, partitions, run_partitioned, run_split, win
 COL_CHUNK_BYTES = 1 << 19
 #: OpenBLAS (0.3.16 on) multiplies a GEMM of at most this many multiply-adds with its "small
 #: matrix" kernels, which skip packing the operands (``sgemm_small_kernel_permit_*.c``); only some
-#: kernel sets have them. Where the BLAS has them, a chunk is cut to fit: the thin GEMMs of 16- to
-#: 64-channel convolutions then ran 1.2-2.4x faster (README, "CPU performance"). Elsewhere (the
-#: Haswell and Zen kernels of AVX2 machines) the same small chunks only add calls, and at 64
-#: channels (27 rows) made the GEMMs slower, so chunks stay L2-sized there.
+#: kernel sets have them. Where the BLAS has them, a chunk is cut to fit: the GEMMs of 16- and
+#: 32-channel 3x3 convolutions then ran 1.2-2.4x faster (README, "CPU performance"). Elsewhere (the
+#: Haswell and Zen kernels of AVX2 machines) small chunks only add calls, and at 64 channels (27
+#: rows) made the GEMMs slower, so chunks stay L2-sized there.
 SMALL_GEMM_MACS = 1_000_000
 #: The OpenBLAS kernel sets (``BLAS_CORE``) with small-matrix SGEMM kernels on x86-64: SkylakeX's, which
 #: Cooperlake's and SapphireRapids' include.
 SMALL_GEMM_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
-#: Fewer rows than this per chunk cost more in calls and weight-gradient adds than unpacked kernels save.
-MIN_SMALL_GEMM_ROWS = 16
+#: Below this many rows per chunk, the chunk's own costs (a call per GEMM, adding its ``KD x Cout``
+#: weight gradient) ate the gain: 64-channel 3x3 layers (27 or 54 rows) were no faster. They stay L2-sized.
+MIN_SMALL_GEMM_ROWS = 64
 #: Multiply-adds a GEMM does in the time an elementwise kernel handles one element: converts
 #: a convolution's work into the element count the parallel threshold is stated in.
 MACS_PER_ELEMENT = 16

@@ -16,9 +16,9 @@ CHUNK_ROWS = [
     (65536, 144, 16, "skylakex", 434),        # 16 channels 3x3: 1e6 // (144*16) multiply-adds
     (65536, 144, 16, "haswell", 910),         # no small-matrix kernels: L2-sized, 2**19 // (4*144)
     (65536, 144, 16, None, 910),              # core unknown: L2-sized
-    (8192, 576, 64, "sapphirerapids", 27),    # 64 channels 3x3
-    (8192, 576, 64, "zen", 227),
-    (8192, 1152, 128, "skylakex", 113),       # 1e6 // (1152*128) = 6 rows, under the floor: L2-sized
+    (32768, 288, 32, "sapphirerapids", 108),  # 32 channels 3x3
+    (32768, 288, 32, "zen", 455),
+    (8192, 576, 64, "skylakex", 227),         # 64 channels 3x3: 27 rows, under the floor: L2-sized
     (100, 144, 16, "cooperlake", 100),        # fewer rows than either bound: all of them
 ]
 
@@ -38,7 +38,7 @@ CONVS = [
 ]
 #: Shrunk bounds so that these small convolutions take several chunks per worker under either
 #: rule (e.g. the first: 34 rows per chunk where small-matrix kernels exist, 50 elsewhere).
-SMALL_MACS, CHUNK_BYTES = 20_000, 4 * 72 * 50
+SMALL_MACS, CHUNK_BYTES, MIN_SMALL_ROWS = 20_000, 4 * 72 * 50, 16
 
 
 def _run(conv, accumulate):
@@ -69,6 +69,7 @@ def test_chunked_conv_matches_reference(conv, core, accumulate, pool, monkeypatc
     monkeypatch.setattr(_conv, "BLAS_CORE", core)
     monkeypatch.setattr(_conv, "SMALL_GEMM_MACS", SMALL_MACS)
     monkeypatch.setattr(_conv, "COL_CHUNK_BYTES", CHUNK_BYTES)
+    monkeypatch.setattr(_conv, "MIN_SMALL_GEMM_ROWS", MIN_SMALL_ROWS)
     if pool == "thread_pool":
         monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
     n, h, w, cin, cout, k, s, p, g = conv
