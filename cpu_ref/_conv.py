@@ -34,7 +34,7 @@ COL_CHUNK_BYTES = 1 << 19
 #: OpenBLAS (0.3.16 on) multiplies a GEMM of at most this many multiply-adds with its "small
 #: matrix" kernels, which skip packing the operands (``sgemm_small_kernel_permit_*.c``); only some
 #: kernel sets have them. Where the BLAS has them, a chunk is cut to fit: the GEMMs of 16- and
-#: 32-channel 3x3 convolutions then ran 1.2-2.4x faster (README, "CPU performance"). Elsewhere (the
+#: 32-channel 3x3 convolutions then ran 1.3-2.4x faster (README, "CPU performance"). Elsewhere (the
 #: Haswell and Zen kernels of AVX2 machines) small chunks only add calls, and at 64 channels (27
 #: rows) made the GEMMs slower, so chunks stay L2-sized there.
 SMALL_GEMM_MACS = 1_000_000
