@@ -62,13 +62,14 @@ def _chunk_rows(rows_per_worker, row_len):
 
 
 def _gemm_chunk_rows(rows_per_worker, kd, kg):
-    """Rows of im2col matrix per GEMM of the general algorithm (``kd`` columns, ``kg`` output
-    channels per group): L2-sized, or small enough for OpenBLAS's unpacked kernels where it has them."""
+    """``(rows, small)``: rows of im2col matrix per GEMM of the general algorithm (``kd`` columns,
+    ``kg`` output channels per group), and whether its GEMMs fit OpenBLAS's unpacked small-matrix
+    kernels (where it has them; otherwise chunks are L2-sized)."""
     rows = _chunk_rows(rows_per_worker, kd)
-    small = SMALL_GEMM_MACS // (kd * kg)
-    if BLAS_CORE in SMALL_GEMM_CORES and small >= MIN_SMALL_GEMM_ROWS:
-        rows = min(rows, small)
-    return rows
+    small_rows = SMALL_GEMM_MACS // (kd * kg)
+    if BLAS_CORE in SMALL_GEMM_CORES and small_rows >= MIN_SMALL_GEMM_ROWS:
+        return min(rows, small_rows), True
+    return rows, False
 
 
 def conv_output_size(size, k, stride, pad):
@@ -165,9 +166,10 @@ def _col2im_rows(colf, dxf, h, w, c, r0, r1, c0, cg, oh_, ow_, kh, kw, s, p):
 def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t,
                nparts):
     """Partition ``t`` of the output rows (forward) or of the samples (backward), chunk by
-    chunk in its own ``chunk*KD`` slice of ``colf``. ``wt_groups[g]`` is group ``g``'s weight
-    transposed, ``(KD, Cout/groups)`` and C-contiguous (the forward's right operand: a transposed
-    view would keep OpenBLAS's unpacked small-matrix kernels out of the forward GEMM).
+    chunk in its own ``chunk*KD`` slice of ``colf``. With small-matrix chunks, ``wt_groups[g]`` is
+    group ``g``'s weight transposed, ``(KD, Cout/groups)`` and C-contiguous (a transposed view keeps
+    OpenBLAS's unpacked kernels out of the forward GEMM); otherwise it is empty and the forward
+    multiplies by the transposed view, which the packed kernels take as fast (or faster).
 
     Forward: writes ``ymat`` (the output as ``(rows, Cout)``). Backward: reads ``ymat`` as
     ``dy``, adds the rows' weight gradient into ``dwt_parts[t]`` (``(KD, Cout)``: dW
@@ -201,7 +203,10 @@ def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk
             wg = w2d[g * kg:(g + 1) * kg]
             rows = ymat[c0:c1] if groups == 1 else group_rows[:m]
             if not backward:
-                np.dot(cmat[:m], wt_groups[g], rows)
+                if wt_groups.shape[0] > 0:
+                    np.dot(cmat[:m], wt_groups[g], rows)
+                else:
+                    np.dot(cmat[:m], wg.T, rows)
                 if groups > 1:
                     for r in range(m):
                         for o in range(kg):
@@ -365,10 +370,11 @@ def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate):
     colf = _col_flat(col, x, w, stride, pad, groups)
     rows = ymat.shape[0]
     nparts, blas_context = _gemm_partitions(x.shape[0] if backward else rows)
-    chunk = _gemm_chunk_rows(rows // nparts, kd, cout // groups)
+    chunk, small = _gemm_chunk_rows(rows // nparts, kd, cout // groups)
     dwt_parts = np.zeros((nparts, kd if backward else 0, cout), np.float32)
     w2d = w.reshape(cout, kd)
-    wt_groups = _NO_WT if backward else np.ascontiguousarray(w2d.reshape(groups, cout // groups, kd).transpose(0, 2, 1))
+    wt_groups = (np.ascontiguousarray(w2d.reshape(groups, cout // groups, kd).transpose(0, 2, 1))
+                 if small and not backward else _NO_WT)
     want_dx = dx is not None
     with blas_context:
         run_partitioned(_gemm_span, _gemm_parallel, nparts, rows * kd * cout // MACS_PER_ELEMENT, x,

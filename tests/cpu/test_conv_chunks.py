@@ -12,14 +12,14 @@ F32 = np.float32
 TOL = 1e-4   # tests/cpu/test_kernels.py's tolerance for the same kernels, fp32 against float64
 
 CHUNK_ROWS = [
-    # (rows per worker, KD, Cout per group, OpenBLAS core, rows per chunk)
-    (65536, 144, 16, "skylakex", 434),        # 16 channels 3x3: 1e6 // (144*16) multiply-adds
-    (65536, 144, 16, "haswell", 910),         # no small-matrix kernels: L2-sized, 2**19 // (4*144)
-    (65536, 144, 16, None, 910),              # core unknown: L2-sized
-    (32768, 288, 32, "sapphirerapids", 108),  # 32 channels 3x3
-    (32768, 288, 32, "zen", 455),
-    (8192, 576, 64, "skylakex", 227),         # 64 channels 3x3: 27 rows, under the floor: L2-sized
-    (100, 144, 16, "cooperlake", 100),        # fewer rows than either bound: all of them
+    # (rows per worker, KD, Cout per group, OpenBLAS core, (rows per chunk, small-matrix kernels))
+    (65536, 144, 16, "skylakex", (434, True)),        # 16 channels 3x3: 1e6 // (144*16) multiply-adds
+    (65536, 144, 16, "haswell", (910, False)),        # no small-matrix kernels: L2-sized, 2**19 // (4*144)
+    (65536, 144, 16, None, (910, False)),             # core unknown: L2-sized
+    (32768, 288, 32, "sapphirerapids", (108, True)),  # 32 channels 3x3
+    (32768, 288, 32, "zen", (455, False)),
+    (8192, 576, 64, "skylakex", (227, False)),        # 64 channels 3x3: 27 rows, under the floor: L2-sized
+    (100, 144, 16, "cooperlake", (100, True)),        # fewer rows than either bound: all of them
 ]
 
 
@@ -74,7 +74,7 @@ def test_chunked_conv_matches_reference(conv, core, accumulate, pool, monkeypatc
         monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
     n, h, w, cin, cout, k, s, p, g = conv
     rows = n * R.conv_output_size(h, k, s, p) * R.conv_output_size(w, k, s, p)
-    chunk = _conv._gemm_chunk_rows(rows // _misc.partitions(rows), k * k * cin // g, cout // g)
+    chunk, _ = _conv._gemm_chunk_rows(rows // _misc.partitions(rows), k * k * cin // g, cout // g)
     assert chunk < rows // _misc.partitions(rows), "the bounds no longer split this convolution into chunks"
     for name, (got, want) in _run(conv, accumulate).items():
         np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL * max(1.0, float(np.abs(want).max())),
