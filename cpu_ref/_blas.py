@@ -19,8 +19,8 @@ import os
 import threading
 
 
-def _find_blas_thread_control():
-    """``(get, set)`` for the thread count of the OpenBLAS SciPy bundles, or ``None``."""
+def _openblas_function(name):
+    """``openblas_<name>`` of the OpenBLAS SciPy bundles (either symbol prefix), or ``None``."""
     try:
         import scipy
     except ImportError:
@@ -29,16 +29,34 @@ def _find_blas_thread_control():
     for path in libs:
         lib = ctypes.CDLL(path)
         for prefix in ("scipy_openblas_", "openblas_"):
-            get = getattr(lib, prefix + "get_num_threads", None)
-            set_ = getattr(lib, prefix + "set_num_threads", None)
-            if get is not None and set_ is not None:
-                get.restype = ctypes.c_int
-                set_.argtypes = [ctypes.c_int]
-                return get, set_
+            fn = getattr(lib, prefix + name, None)
+            if fn is not None:
+                return fn
     return None
 
 
+def _find_blas_thread_control():
+    """``(get, set)`` for the thread count of the OpenBLAS SciPy bundles, or ``None``."""
+    get, set_ = _openblas_function("get_num_threads"), _openblas_function("set_num_threads")
+    if get is None or set_ is None:
+        return None
+    get.restype = ctypes.c_int
+    set_.argtypes = [ctypes.c_int]
+    return get, set_
+
+
+def _find_blas_core():
+    """The kernel set SciPy's OpenBLAS chose for this CPU, lower case (``"skylakex"``, ``"haswell"``,
+    ``"zen"``; ``OPENBLAS_CORETYPE`` overrides its choice), or ``None`` where it cannot be read."""
+    get = _openblas_function("get_corename")
+    if get is None:
+        return None
+    get.restype = ctypes.c_char_p
+    return get().decode("ascii", "replace").strip().lower()
+
+
 BLAS_THREADS = _find_blas_thread_control()
+BLAS_CORE = _find_blas_core()
 _lock = threading.Lock()
 _users = 0           # threads inside one_blas_thread() right now
 _saved_count = None  # the count the first of them found

@@ -3,7 +3,8 @@
 Three algorithms, chosen from the shapes:
 - general: im2col of a chunk of output rows into the worker's slice of ``col``, then one
   BLAS GEMM per chunk (and group). A chunk is sized to stay in L2, so the im2col matrix
-  never makes a round trip through memory. Forward and backward walk the chunks with the
+  never makes a round trip through memory, and smaller still where OpenBLAS has unpacked
+  kernels for small GEMMs (``SMALL_GEMM_MACS``). Forward and backward walk the chunks with the
   same loop (``_gemm_span``); per chunk the forward does ``y = col @ W.T``, the backward
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
@@ -25,11 +26,24 @@ import contextlib
 import numpy as np
 from numba import njit, prange, uint64
 
-from cpu_ref._blas import BLAS_THREADS, one_blas_thread
+from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
 COL_CHUNK_BYTES = 1 << 19
+#: OpenBLAS (0.3.16 on) multiplies a GEMM of at most this many multiply-adds with its "small
+#: matrix" kernels, which skip packing the operands (``sgemm_small_kernel_permit_*.c``); only some
+#: kernel sets have them. Where the BLAS has them, a chunk is cut to fit: the GEMMs of 16- and
+#: 32-channel 3x3 convolutions then ran 1.3-2.4x faster (README, "CPU performance"). Elsewhere (the
+#: Haswell and Zen kernels of AVX2 machines) small chunks only add calls, and at 64 channels (27
+#: rows) made the GEMMs slower, so chunks stay L2-sized there.
+SMALL_GEMM_MACS = 1_000_000
+#: The OpenBLAS kernel sets (``BLAS_CORE``) with small-matrix SGEMM kernels on x86-64: SkylakeX's, which
+#: Cooperlake's and SapphireRapids' include.
+SMALL_GEMM_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+#: Below this many rows per chunk, the chunk's own costs (a call per GEMM, adding its ``KD x Cout``
+#: weight gradient) ate the gain: 64-channel 3x3 layers (27 or 54 rows) were no faster. They stay L2-sized.
+MIN_SMALL_GEMM_ROWS = 64
 #: Multiply-adds a GEMM does in the time an elementwise kernel handles one element: converts
 #: a convolution's work into the element count the parallel threshold is stated in.
 MACS_PER_ELEMENT = 16
@@ -45,6 +59,17 @@ def _gemm_partitions(units):
 
 def _chunk_rows(rows_per_worker, row_len):
     return max(1, min(rows_per_worker, COL_CHUNK_BYTES // (4 * row_len)))
+
+
+def _gemm_chunk_rows(rows_per_worker, kd, kg):
+    """``(rows, small)``: rows of im2col matrix per GEMM of the general algorithm (``kd`` columns,
+    ``kg`` output channels per group), and whether its GEMMs fit OpenBLAS's unpacked small-matrix
+    kernels (where it has them; otherwise chunks are L2-sized)."""
+    rows = _chunk_rows(rows_per_worker, kd)
+    small_rows = SMALL_GEMM_MACS // (kd * kg)
+    if BLAS_CORE in SMALL_GEMM_CORES and small_rows >= MIN_SMALL_GEMM_ROWS:
+        return min(rows, small_rows), True
+    return rows, False
 
 
 def conv_output_size(size, k, stride, pad):
@@ -138,9 +163,13 @@ def _col2im_rows(colf, dxf, h, w, c, r0, r1, c0, cg, oh_, ow_, kh, kw, s, p):
 # ---------------------------------------------------------------------------- general: im2col + GEMM
 
 @njit(cache=True)
-def _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t, nparts):
+def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t,
+               nparts):
     """Partition ``t`` of the output rows (forward) or of the samples (backward), chunk by
-    chunk in its own ``chunk*KD`` slice of ``colf``.
+    chunk in its own ``chunk*KD`` slice of ``colf``. With small-matrix chunks, ``wt_groups[g]`` is
+    group ``g``'s weight transposed, ``(KD, Cout/groups)`` and C-contiguous (a transposed view keeps
+    OpenBLAS's unpacked kernels out of the forward GEMM); otherwise it is empty and the forward
+    multiplies by the transposed view, which the packed kernels take as fast (or faster).
 
     Forward: writes ``ymat`` (the output as ``(rows, Cout)``). Backward: reads ``ymat`` as
     ``dy``, adds the rows' weight gradient into ``dwt_parts[t]`` (``(KD, Cout)``: dW
@@ -174,7 +203,10 @@ def _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward,
             wg = w2d[g * kg:(g + 1) * kg]
             rows = ymat[c0:c1] if groups == 1 else group_rows[:m]
             if not backward:
-                np.dot(cmat[:m], wg.T, rows)
+                if wt_groups.shape[0] > 0:
+                    np.dot(cmat[:m], wt_groups[g], rows)
+                else:
+                    np.dot(cmat[:m], wg.T, rows)
                 if groups > 1:
                     for r in range(m):
                         for o in range(kg):
@@ -194,9 +226,11 @@ def _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward,
 
 
 @njit(cache=True, parallel=True)
-def _gemm_parallel(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, nparts):
+def _gemm_parallel(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate,
+                   nparts):
     for t in prange(nparts):
-        _gemm_span(x, w2d, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t, nparts)
+        _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate,
+                   t, nparts)
 
 
 # ---------------------------------------------------------------------------- pointwise: the input is the matrix
@@ -321,6 +355,7 @@ def _col_flat(col, x, w, stride, pad, groups):
 # stand for a missing dx, so that a kernel compiles one signature, not one with dx and one with None
 _NO_DX = np.zeros((0, 0, 0, 0), np.float32)
 _NO_DX_2D = np.zeros((0, 0), np.float32)
+_NO_WT = np.zeros((0, 0, 0), np.float32)
 
 
 def _depthwise_weight(w):
@@ -331,15 +366,19 @@ def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate):
     """The general algorithm, forward or backward; returns dW transposed ``(KD, Cout)`` when ``backward``."""
     cout, kh, kw, cg = w.shape
     kd = kh * kw * cg
-    colf = _col_flat(col, x, w, stride, pad, x.shape[3] // cg)
+    groups = x.shape[3] // cg
+    colf = _col_flat(col, x, w, stride, pad, groups)
     rows = ymat.shape[0]
     nparts, blas_context = _gemm_partitions(x.shape[0] if backward else rows)
-    chunk = _chunk_rows(rows // nparts, kd)
+    chunk, small = _gemm_chunk_rows(rows // nparts, kd, cout // groups)
     dwt_parts = np.zeros((nparts, kd if backward else 0, cout), np.float32)
+    w2d = w.reshape(cout, kd)
+    wt_groups = (np.ascontiguousarray(w2d.reshape(groups, cout // groups, kd).transpose(0, 2, 1))
+                 if small and not backward else _NO_WT)
     want_dx = dx is not None
     with blas_context:
         run_partitioned(_gemm_span, _gemm_parallel, nparts, rows * kd * cout // MACS_PER_ELEMENT, x,
-                        w.reshape(cout, kd), ymat, dx if want_dx else _NO_DX, dwt_parts, stride, pad, kh, kw, colf,
+                        w2d, wt_groups, ymat, dx if want_dx else _NO_DX, dwt_parts, stride, pad, kh, kw, colf,
                         chunk, backward, want_dx, accumulate)
     return dwt_parts.sum(axis=0) if backward else None
 
