@@ -124,18 +124,24 @@ def assign_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
     """Offsets (int64, multiples of ``alignment``) and the arena size in bytes: greedy by size's plan
     where it is at most ``RETRY_ABOVE_PERCENT`` percent of the lower bound, else the smallest arena of the
     ``STRATEGIES``, tried in order until one reaches the bound (the first on a tie)."""
+    offsets, arena, _ = plan_offsets(sizes, first, last, alignment)
+    return offsets, arena
+
+
+def plan_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
+    """``assign_offsets``' offsets and arena, and the ``live_lower_bound`` it judged them by (computed once)."""
     aligned, first, last = check_problem(sizes, first, last, alignment)
     best_offsets, best_arena = _place_in_order(aligned, first, last, ORDERS[STRATEGIES[0]](aligned, first, last))
     bound = _peak_live(aligned, first, last)
     if 100 * best_arena <= RETRY_ABOVE_PERCENT * bound:
-        return best_offsets, best_arena
+        return best_offsets, best_arena, bound
     for strategy in STRATEGIES[1:]:
         if best_arena <= bound:
             break  # no placement beats the bound
         offsets, arena = _place_in_order(aligned, first, last, ORDERS[strategy](aligned, first, last))
         if arena < best_arena:
             best_offsets, best_arena = offsets, arena
-    return best_offsets, best_arena
+    return best_offsets, best_arena, bound
 
 
 def assign_offsets_by(strategy, sizes, first, last, alignment=DEFAULT_ALIGNMENT):

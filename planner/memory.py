@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.memory_alloc import assign_offsets, live_lower_bound
+from planner.memory_alloc import plan_offsets
 from planner.plan import PERSISTENT_REGIONS, PLANNED_REGIONS, ParamSpec, Region, TensorSpec, new_record
 
 ALIGNMENT = 256
@@ -150,8 +150,7 @@ def plan_memory(tensors: list[TensorSpec], graphs, params: tuple[ParamSpec, ...]
             sizes = np.array([t.nbytes for t in members], dtype=np.int64)
             first_last = np.array(spans, dtype=np.int32).reshape(-1, 2)
             first, last = first_last[:, 0].copy(), first_last[:, 1].copy()
-            placed, size = assign_offsets(sizes, first, last, ALIGNMENT)
-            bound = live_lower_bound(sizes, first, last, ALIGNMENT)
+            placed, size, bound = plan_offsets(sizes, first, last, ALIGNMENT)
             placed_members.append((region, members, placed.tolist()))
             planned_size[region] = max(planned_size[region], size)
             no_reuse = int(((sizes + (ALIGNMENT - 1)) // ALIGNMENT * ALIGNMENT).sum())

@@ -29,9 +29,14 @@ def assign_offsets_by(strategy, sizes, first, last, alignment=DEFAULT_ALIGNMENT)
     return load("planner._memory").assign_offsets_by(strategy, sizes, first, last, alignment)
 
 
+def plan_offsets(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
+    """``(offsets, arena_bytes, live_lower_bound)``: ``assign_offsets`` and the bound, which it computes anyway."""
+    return load("planner._memory").plan_offsets(sizes, first, last, alignment)
+
+
 def live_lower_bound(sizes, first, last, alignment=DEFAULT_ALIGNMENT):
     """Largest total of aligned sizes live at any one op; a bound no allocator can beat."""
     return load("planner._memory").live_lower_bound(sizes, first, last, alignment)
 
 
-__all__ = ["assign_offsets", "assign_offsets_by", "live_lower_bound"]
+__all__ = ["assign_offsets", "assign_offsets_by", "live_lower_bound", "plan_offsets"]

@@ -359,6 +359,18 @@ def test_invalid_problems_raise_clear_errors(impl, function, sizes, first, last,
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@settings(max_examples=60, deadline=None)
+@given(problem=problems())
+def test_plan_offsets_is_assign_offsets_with_the_live_lower_bound(impl, problem):
+    """What ``plan_memory`` calls: one placement and one bound sweep, the same as the two separate calls."""
+    sizes, first, last, alignment = problem
+    offsets, arena, bound = impl.plan_offsets(sizes, first, last, alignment)
+    expected_offsets, expected_arena = impl.assign_offsets(sizes, first, last, alignment)
+    assert offsets.tolist() == expected_offsets.tolist() and arena == expected_arena
+    assert bound == impl.live_lower_bound(sizes, first, last, alignment)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_unknown_strategy_raises_a_clear_error(impl):
     with pytest.raises(ValueError, match="strategy must be one of size, size_then_longest, size_then_latest, "
                                          "breadth, got 'fastest'"):

@@ -3,15 +3,13 @@ against torchvision's `state_dict`, forward MACs per sample at 224x224 against t
 GMACs, and the memory plan against its own lower bound."""
 from __future__ import annotations
 
-import functools
-
 import pytest
 
 import planner.memory
 from blueprint import zoo
 from planner import ArchPlan
 from planner.compiler import Compiler
-from planner.memory_alloc import assign_offsets_by
+from planner.memory_alloc import assign_offsets_by, live_lower_bound
 
 # torchvision's trainable parameter counts (vgg16_bn without its 13 conv biases, 4,224 values:
 # the zoo's convolutions have none, a BN follows each)
@@ -114,5 +112,8 @@ def test_transient_ratio_with_greedy_by_size_alone_and_as_planned(name, fuse, mo
         return round(train.transient_planned_bytes / train.transient_lower_bound_bytes, 3)
 
     planned = ratio()
-    monkeypatch.setattr(planner.memory, "assign_offsets", functools.partial(assign_offsets_by, "size"))
+    def by_size_alone(sizes, first, last, alignment):
+        return (*assign_offsets_by("size", sizes, first, last, alignment), live_lower_bound(sizes, first, last, alignment))
+
+    monkeypatch.setattr(planner.memory, "plan_offsets", by_size_alone)
     assert (ratio(), planned) == PLACEMENT_ORDER_GAINS.get((name, fuse), (1.0, 1.0))
