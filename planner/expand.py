@@ -153,7 +153,7 @@ def merge_blocks(layers: list[ArchLayer]) -> list[ArchLayer]:
     return out
 
 
-def _merge_chains(layers: list[ArchLayer], kinds: tuple[str, ...], fused_kind: str, also) -> list[ArchLayer]:
+def _merge_chains(layers: list[ArchLayer], kinds: list[str], fused_kind: str, also) -> list[ArchLayer]:
     """Fuse every run of consecutive layers of `kinds` in which each layer reads only the previous one's
     output, that output has no other use, and `also(run)` holds, into one `fused_kind` layer."""
     uses = _use_counts(layers)
@@ -161,7 +161,7 @@ def _merge_chains(layers: list[ArchLayer], kinds: tuple[str, ...], fused_kind: s
     index = 0
     while index < len(layers):
         run = layers[index:index + len(kinds)]
-        if (tuple(l.kind for l in run) == kinds
+        if ([l.kind for l in run] == kinds
                 and all(b.inputs == (a.output,) and uses[a.output] == 1 for a, b in zip(run, run[1:]))
                 and also(run)):
             out.append(_fused(fused_kind, run, ()))
@@ -173,11 +173,11 @@ def _merge_chains(layers: list[ArchLayer], kinds: tuple[str, ...], fused_kind: s
 
 
 def merge_triples(layers: list[ArchLayer]) -> list[ArchLayer]:
-    return _merge_chains(layers, ("conv", "bn2d", "relu"), "cbr", lambda run: run[0].param("groups") == 1)
+    return _merge_chains(layers, ["conv", "bn2d", "relu"], "cbr", lambda run: run[0].param("groups") == 1)
 
 
 def merge_pairs(layers: list[ArchLayer]) -> list[ArchLayer]:
-    return _merge_chains(layers, ("gap", "fc"), "gap_fc", lambda run: run[0].group_kind != "se")  # an se stays unfused
+    return _merge_chains(layers, ["gap", "fc"], "gap_fc", lambda run: run[0].group_kind != "se")  # an se stays unfused
 
 
 def mark_first_layer(layers: list[ArchLayer]) -> list[ArchLayer]:
