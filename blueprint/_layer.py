@@ -12,6 +12,11 @@ from typing import Callable, Iterator
 
 
 class Kind(enum.Enum):
+    """Every DSL node kind; a value is its factory's name. A leaf spelled like a primitive of the
+    planner's op table (`planner.ops.Prim`: relu, fc, dropout, ...) expands to that primitive. The two
+    enums are written out separately on purpose: the DSL imports nothing from the planner, and each has
+    members the other lacks (seq, cbr, mbconv here; bn2d, add, softmax_ce there)."""
+
     SEQ = "seq"
     ADD2 = "add2"
     REPEAT = "repeat"

@@ -70,10 +70,10 @@ cdef class _Walker:
                    n=str, ds=str)
     cdef Flow walk_block(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
 
-    @cython.locals(group=Py_ssize_t, x=Py_ssize_t, in_ch=Py_ssize_t, hidden=Py_ssize_t, index=Py_ssize_t,
-                   conv_prefix=str, dw=str)
+    @cython.locals(v2=bint, group_kind=str, group=Py_ssize_t, x=Py_ssize_t, in_ch=Py_ssize_t, hidden=Py_ssize_t,
+                   index=Py_ssize_t, stages=str, stage=str, project_conv=str, project_bn=str)
     cdef Flow walk_mbconv(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
 
-    @cython.locals(group=Py_ssize_t, x=Py_ssize_t, in_ch=Py_ssize_t, hidden=Py_ssize_t, index=Py_ssize_t,
-                   block_prefix=str, stage=str)
-    cdef Flow walk_mbconv_v3(self, object p, Py_ssize_t value, Py_ssize_t ch, int rank, str prefix, str path)
+    cdef Flow mbconv_stage(self, object p, Py_ssize_t width, object k, object s, Py_ssize_t groups, Py_ssize_t value,
+                           Py_ssize_t ch, int rank, str stage, str act_prefix, str path, Py_ssize_t group,
+                           str group_kind)

@@ -256,76 +256,56 @@ class _Walker:
         return self.act("relu", NO_PARAMS, value, out, 4, prefix, path + ".relu", group, group_kind)
 
     def walk_mbconv(self, p, value, ch, rank, prefix, path):
+        """Inverted residual: [1x1 expand conv-bn-act], depthwise conv-bn-act, [se], 1x1 project conv-bn,
+        [stochastic depth], residual add where stride is 1 and in = out channels. Named as torchvision
+        names it. The MobileNetV2 form (relu6, no SE, no stochastic depth) is its `InvertedResidual`:
+        stages `conv.<i>` with the projection's conv and bn two flat entries, activations under the
+        block's prefix, group kind "inv_residual" (the fused kind). Every other form is its MobileNetV3 /
+        EfficientNet block: stages `block.<i>` with conv and bn at `.0`/`.1`, activations under the
+        stage, group kind "mbconv" (no fused kind expresses it, so its primitives stay unfused)."""
         self.need_rank4("mbconv", rank, path)
-        if p.act != "relu6" or p.se is not None or p.drop_path > 0:
-            return self.walk_mbconv_v3(p, value, ch, rank, prefix, path)
+        v2 = p.act == "relu6" and p.se is None and not p.drop_path > 0
+        group_kind = "inv_residual" if v2 else "mbconv"
         group = self.new_group()
         x, in_ch = value, ch
         hidden = p.expanded_channels or int(round(in_ch * p.expand_ratio))
-        conv_prefix = _join(prefix, "conv")
+        stages = _join(prefix, "conv" if v2 else "block")
         index = 0
         if hidden != in_ch:
-            value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, "0.0"),
-                                        path + ".expand", group, "inv_residual")
-            value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(conv_prefix, "0.1"),
-                                      path + ".expand_bn", group, "inv_residual")
-            value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".expand_relu6", group,
-                                       "inv_residual")
+            stage = _join(stages, "0")
+            value, ch, rank = self.mbconv_stage(p, hidden, 1, 1, 1, value, ch, rank, stage, prefix if v2 else stage,
+                                                path + ".expand", group, group_kind)
             index = 1
-        dw = _join(conv_prefix, str(index))
-        pad = (p.kernel - 1) // 2
-        value, ch, rank = self.conv(ch, p.kernel, p.stride, pad, 0, value, ch, rank, _join(dw, "0"),
-                                    path + ".depthwise", group, "inv_residual")
-        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(dw, "1"), path + ".depthwise_bn", group,
-                                  "inv_residual")
-        value, ch, rank = self.act("relu6", NO_PARAMS, value, ch, rank, prefix, path + ".depthwise_relu6", group,
-                                   "inv_residual")
-        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(conv_prefix, str(index + 1)),
-                                    path + ".project", group, "inv_residual")
-        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(conv_prefix, str(index + 2)),
-                                  path + ".project_bn", group, "inv_residual")
-        if p.stride == 1 and in_ch == p.out_channels:
-            value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "inv_residual")
-        return value, ch, rank
-
-    def walk_mbconv_v3(self, p, value, ch, rank, prefix, path):
-        """MobileNetV3 / EfficientNet form: any activation, SE, stochastic depth; torchvision's `block.<i>`
-        names. Group kind "mbconv": no fused kind expresses it, so its primitives stay unfused."""
-        group = self.new_group()
-        x, in_ch = value, ch
-        hidden = p.expanded_channels or int(round(in_ch * p.expand_ratio))
-        block_prefix = _join(prefix, "block")
-        index = 0
-        if hidden != in_ch:
-            stage = _join(block_prefix, "0")
-            value, ch, rank = self.conv(hidden, 1, 1, 0, 1, value, ch, rank, _join(stage, "0"), path + ".expand",
-                                        group, "mbconv")
-            value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".expand_bn",
-                                      group, "mbconv")
-            value, ch, rank = self.act(p.act, NO_PARAMS, value, ch, rank, stage, path + ".expand_" + p.act, group,
-                                       "mbconv")
-            index = 1
-        stage = _join(block_prefix, str(index))
-        value, ch, rank = self.conv(ch, p.kernel, p.stride, (p.kernel - 1) // 2, 0, value, ch, rank,
-                                    _join(stage, "0"), path + ".depthwise", group, "mbconv")
-        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".depthwise_bn",
-                                  group, "mbconv")
-        value, ch, rank = self.act(p.act, NO_PARAMS, value, ch, rank, stage, path + ".depthwise_" + p.act, group,
-                                   "mbconv")
+        stage = _join(stages, str(index))
+        value, ch, rank = self.mbconv_stage(p, ch, p.kernel, p.stride, 0, value, ch, rank, stage,
+                                            prefix if v2 else stage, path + ".depthwise", group, group_kind)
         index += 1
         if p.se is not None:
-            value, ch, rank = self.walk_se(p.se.params, value, ch, rank, _join(block_prefix, str(index)), path + ".se")
+            value, ch, rank = self.walk_se(p.se.params, value, ch, rank, _join(stages, str(index)), path + ".se")
             index += 1
-        stage = _join(block_prefix, str(index))
-        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, _join(stage, "0"),
-                                    path + ".project", group, "mbconv")
-        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + ".project_bn",
-                                  group, "mbconv")
+        if v2:
+            project_conv, project_bn = _join(stages, str(index)), _join(stages, str(index + 1))
+        else:
+            project_conv, project_bn = _join(stages, str(index) + ".0"), _join(stages, str(index) + ".1")
+        value, ch, rank = self.conv(p.out_channels, 1, 1, 0, 1, value, ch, rank, project_conv, path + ".project",
+                                    group, group_kind)
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, project_bn, path + ".project_bn", group,
+                                  group_kind)
         if p.stride == 1 and in_ch == p.out_channels:
-            value, ch, rank = self.stochastic_depth(p.drop_path, value, ch, rank, prefix, path + ".stochastic_depth",
-                                                    group, "mbconv")
-            value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, "mbconv")
+            if not v2:
+                value, ch, rank = self.stochastic_depth(p.drop_path, value, ch, rank, prefix,
+                                                        path + ".stochastic_depth", group, group_kind)
+            value = self.emit("add", NO_PARAMS, (x, value), ch, ch, 4, prefix, path + ".add", group, group_kind)
         return value, ch, rank
+
+    def mbconv_stage(self, p, width, k, s, groups, value, ch, rank, stage, act_prefix, path, group, group_kind):
+        """One conv-bn-act stage of an mbconv: conv and bn named `<stage>.0` and `<stage>.1`, the activation
+        `act_prefix`; `path` is the conv's DSL path, the bn's and activation's extend it."""
+        value, ch, rank = self.conv(width, k, s, (k - 1) // 2, groups, value, ch, rank, _join(stage, "0"), path, group,
+                                    group_kind)
+        value, ch, rank = self.bn(p.momentum, p.eps, value, ch, rank, _join(stage, "1"), path + "_bn", group,
+                                  group_kind)
+        return self.act(p.act, NO_PARAMS, value, ch, rank, act_prefix, path + "_" + p.act, group, group_kind)
 
 
 def expand_tree(root, in_channels):

@@ -153,38 +153,31 @@ def merge_blocks(layers: list[ArchLayer]) -> list[ArchLayer]:
     return out
 
 
-def merge_triples(layers: list[ArchLayer]) -> list[ArchLayer]:
+def _merge_chains(layers: list[ArchLayer], kinds: list[str], fused_kind: str, also) -> list[ArchLayer]:
+    """Fuse every run of consecutive layers of `kinds` in which each layer reads only the previous one's
+    output, that output has no other use, and `also(run)` holds, into one `fused_kind` layer."""
     uses = _use_counts(layers)
     out: list[ArchLayer] = []
     index = 0
     while index < len(layers):
-        triple = layers[index:index + 3]
-        if (len(triple) == 3 and [l.kind for l in triple] == ["conv", "bn2d", "relu"]
-                and triple[0].param("groups") == 1
-                and triple[1].inputs == (triple[0].output,) and triple[2].inputs == (triple[1].output,)
-                and uses[triple[0].output] == 1 and uses[triple[1].output] == 1):
-            out.append(_fused("cbr", triple, ()))
-            index += 3
+        run = layers[index:index + len(kinds)]
+        if ([l.kind for l in run] == kinds
+                and all(b.inputs == (a.output,) and uses[a.output] == 1 for a, b in zip(run, run[1:]))
+                and also(run)):
+            out.append(_fused(fused_kind, run, ()))
+            index += len(run)
         else:
             out.append(layers[index])
             index += 1
     return out
+
+
+def merge_triples(layers: list[ArchLayer]) -> list[ArchLayer]:
+    return _merge_chains(layers, ["conv", "bn2d", "relu"], "cbr", lambda run: run[0].param("groups") == 1)
 
 
 def merge_pairs(layers: list[ArchLayer]) -> list[ArchLayer]:
-    uses = _use_counts(layers)
-    out: list[ArchLayer] = []
-    index = 0
-    while index < len(layers):
-        pair = layers[index:index + 2]
-        if (len(pair) == 2 and [l.kind for l in pair] == ["gap", "fc"] and pair[1].inputs == (pair[0].output,)
-                and uses[pair[0].output] == 1 and pair[0].group_kind != "se"):   # an se stays unfused
-            out.append(_fused("gap_fc", pair, ()))
-            index += 2
-        else:
-            out.append(layers[index])
-            index += 1
-    return out
+    return _merge_chains(layers, ["gap", "fc"], "gap_fc", lambda run: run[0].group_kind != "se")  # an se stays unfused
 
 
 def mark_first_layer(layers: list[ArchLayer]) -> list[ArchLayer]:

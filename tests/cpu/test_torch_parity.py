@@ -12,7 +12,8 @@ thread count, so comparing where two free trajectories end fails on the next mac
 Tolerances come from float32's own error on that very step: for every compared quantity
 (eval logits, loss, each gradient, each parameter and BN statistic after the update) our
 distance to the float64 reference may be at most ``FP32_MULTIPLE`` times PyTorch-float32's
-distance to it, plus ``FLOOR`` times the quantity's scale (see ``_assert_like_float32``).
+distance to it, plus ``FLOOR`` times the quantity's scale (``tests/support/float32_error.py`` says why
+those numbers).
 
 A step is only comparable where the network is smooth: an activation input within float32's
 error of a ReLU/ReLU6 kink takes the other branch on one float32 side, and the BatchNorm
@@ -41,20 +42,9 @@ from blueprint.optim import SGD, AdamW, CrossEntropyLoss  # noqa: E402
 from cpu_ref import CpuExecutor  # noqa: E402
 from planner import ArchPlan  # noqa: E402
 from planner.compiler import Compiler  # noqa: E402
+from tests.support.float32_error import FP32_MULTIPLE, assert_like_float32  # noqa: E402
 
 STEPS = 3
-#: Our error may be this many times PyTorch-float32's error on the same step. Two float32
-#: implementations that sum in different orders (im2col GEMM vs oneDNN, another BLAS kernel,
-#: another thread count) have errors of the same size, not the same value. Over this file's
-#: 6 cases x 3 steps our error used at most 0.52 of the allowance (an Adam update of
-#: tiny_mobilenet; measured on an AVX-512 Xeon with its default OpenBLAS kernel and with
-#: OPENBLAS_CORETYPE=Sandybridge, with 1 and 2 threads).
-FP32_MULTIPLE = 16.0
-#: ... plus this, relative to the quantity's scale (its largest entry, or for gradients the
-#: largest gradient entry of the whole network): a few float32 epsilons. It only matters where
-#: float32's error happens to be tiny, e.g. a gradient that is exactly 0 in exact arithmetic (a
-#: BN bias followed by a linear layer and another BN), which is pure rounding noise on both sides.
-FLOOR = 8 * float(np.finfo(np.float32).eps)
 
 
 def tiny_mobilenet_blueprint():
@@ -86,16 +76,6 @@ def _run_torch(net, x):
     if isinstance(net, torch.nn.Sequential):  # the MLP: torch flattens NCHW in (C, H, W) order
         x = x.reshape(x.shape[0], -1)
     return net(x)
-
-
-def _assert_like_float32(label, ours, torch32, reference, scale=None):
-    """``max|ours - reference| <= FP32_MULTIPLE * max|torch32 - reference| + FLOOR * scale``."""
-    ours, torch32, reference = (np.asarray(a, np.float64) for a in (ours, torch32, reference))
-    scale = np.abs(reference).max() if scale is None else scale
-    ours_error, float32_error = np.abs(ours - reference).max(), np.abs(torch32 - reference).max()
-    allowed = FP32_MULTIPLE * float32_error + FLOOR * max(scale, 1e-30)
-    assert ours_error <= allowed, (f"{label}: ours is {ours_error:.3g} from the float64 reference, PyTorch-float32 "
-                                   f"{float32_error:.3g} (allowed {allowed:.3g}, scale {scale:.3g})")
 
 
 def _torch_step(net, optimizer, x, y):
@@ -186,24 +166,24 @@ def test_each_step_matches_pytorch_at_identical_parameters(name, make_bp, make_t
         else:
             pytest.fail(f"step {step}: each of {MAX_DRAWS} batches puts an activation input within float32's error "
                         f"of a kink; use a smaller network or batch")
-        _assert_like_float32(f"step {step}: eval logits", ours.forward(x, train=False), _eval_logits(torch32, x),
-                             _eval_logits(reference, x))
+        assert_like_float32(f"step {step}: eval logits", ours.forward(x, train=False), _eval_logits(torch32, x),
+                            _eval_logits(reference, x))
 
         loss = ours.train_step(x, y, ours_opt.learning_rate)
         grads = ours.gradients()
         loss32, grads32 = _torch_step(torch32, optimizers["torch32"], x, y)
         loss64, grads64 = _torch_step(reference, optimizers["reference"], x, y)
-        _assert_like_float32(f"step {step}: loss", loss, loss32, loss64)
+        assert_like_float32(f"step {step}: loss", loss, loss32, loss64)
         largest_gradient = max(np.abs(g).max() for g in grads64.values())
         for pname in grads64:
-            _assert_like_float32(f"step {step}: gradient of {pname}", grads[pname], grads32[pname], grads64[pname],
-                                 scale=largest_gradient)
+            assert_like_float32(f"step {step}: gradient of {pname}", grads[pname], grads32[pname], grads64[pname],
+                                scale=largest_gradient)
 
         after, after32, after64 = ours.state_dict(), torch32.state_dict(), reference.state_dict()
         for key, want in after64.items():
             if key.endswith("num_batches_tracked"):
                 assert after[key] == after32[key].item() == want.item() == start[key] + 1, key
             else:  # parameters after the optimizer's update, BN running statistics after the step
-                _assert_like_float32(f"step {step}: {key} after the update", after[key], after32[key].numpy(),
-                                     want.numpy())
+                assert_like_float32(f"step {step}: {key} after the update", after[key], after32[key].numpy(),
+                                    want.numpy())
         assert ours.step_count == step + 1

@@ -24,10 +24,9 @@ from blueprint.optim import SGD, CrossEntropyLoss  # noqa: E402
 from cpu_ref import CpuExecutor  # noqa: E402
 from planner import ArchPlan  # noqa: E402
 from planner.compiler import Compiler  # noqa: E402
+from tests.support.float32_error import FP32_MULTIPLE, assert_like_float32  # noqa: E402
 from tests.support.torchvision_ref import torchvision_or_skip  # noqa: E402
 
-FP32_MULTIPLE = 16.0                              # as test_torch_parity.py (its docstring says why)
-FLOOR = 8 * float(np.finfo(np.float32).eps)
 BATCH, HWC, CLASSES = 2, (32, 32, 3), 10
 CALIBRATION_BATCH = 32
 MAX_DRAWS = 40
@@ -69,15 +68,6 @@ def _eval_logits(net, x):
         logits = _run(net, x).double().numpy()
     net.train()
     return logits
-
-
-def _assert_like_float32(label, ours, torch32, reference, scale=None):
-    ours, torch32, reference = (np.asarray(a, np.float64) for a in (ours, torch32, reference))
-    scale = np.abs(reference).max() if scale is None else scale
-    ours_error, float32_error = np.abs(ours - reference).max(), np.abs(torch32 - reference).max()
-    allowed = FP32_MULTIPLE * float32_error + FLOOR * max(scale, 1e-30)
-    assert ours_error <= allowed, (f"{label}: ours is {ours_error:.3g} from the float64 reference, torchvision-float32 "
-                                   f"{float32_error:.3g} (allowed {allowed:.3g}, scale {scale:.3g})")
 
 
 KINKS = {torch.nn.ReLU: (0.0,), torch.nn.ReLU6: (0.0, 6.0), torch.nn.Hardswish: (-3.0, 3.0),
@@ -149,7 +139,8 @@ def test_eval_logits_and_one_training_step_match_torchvision(name):
     reference_logits = _eval_logits(reference, x)
     assert np.ptp(reference_logits, axis=0).max() > 1e-2 * np.abs(reference_logits).max(), \
         "the eval logits must depend on the input"
-    _assert_like_float32("eval logits", ours.forward(x, train=False), _eval_logits(torch32, x), reference_logits)
+    assert_like_float32("eval logits", ours.forward(x, train=False), _eval_logits(torch32, x), reference_logits,
+                        oracle="torchvision")
 
     x = _clear_batch(reference, torch32, rng, True, f"{name} train")
     y = rng.integers(0, CLASSES, BATCH)
@@ -157,8 +148,8 @@ def test_eval_logits_and_one_training_step_match_torchvision(name):
     grads = ours.gradients()
     loss32, grads32 = _torch_step(torch32, x, y)
     loss64, grads64 = _torch_step(reference, x, y)
-    _assert_like_float32("loss", loss, loss32, loss64)
+    assert_like_float32("loss", loss, loss32, loss64, oracle="torchvision")
     assert set(grads) == set(grads64)
     largest = max(np.abs(g).max() for g in grads64.values())
     for pname, want in grads64.items():
-        _assert_like_float32(f"gradient of {pname}", grads[pname], grads32[pname], want, scale=largest)
+        assert_like_float32(f"gradient of {pname}", grads[pname], grads32[pname], want, scale=largest, oracle="torchvision")

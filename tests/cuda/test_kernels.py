@@ -2,7 +2,8 @@
 
 Inputs are fp16 values; the spec runs in float64 on exactly those values, so a kernel
 differs from it only by its fp32 arithmetic and the final rounding of what it stores.
-Tolerances (``TOLERANCES``: relative, plus absolute as a fraction of ``max|expected|``):
+Tolerances (``TOLERANCES``, in ``tests/support/cuda_checks.py``: relative, plus absolute as a fraction
+of ``max|expected|``):
 - ``fp16``: outputs stored as fp16: half an ulp is 2**-11 relative, fp32 accumulation and
   transcendentals add a little: rtol 2e-3, atol 1e-3 * max|expected| (values near zero
   after cancellation, e.g. BatchNorm's dx, only meet the absolute bound);
@@ -14,64 +15,25 @@ Tolerances (``TOLERANCES``: relative, plus absolute as a fraction of ``max|expec
 Shapes are tiny because the simulator runs one Python thread per CUDA thread; some are
 chosen to span several GEMM tiles and a split reduction.
 """
+import functools
 import zlib
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
 from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool
 from cuda_kernels._registry import all_kernels
-from cuda_kernels._tape import LaunchTape
+from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 
 # The simulator computes in numpy scalars: the dropout hash's wrapping uint64 products and
 # the inf/nan of the overflow tests raise RuntimeWarnings that the GPU does not.
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
-TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5), "exact": (0.0, 0.0)}
 LAUNCHED = set()          # kernel names the cases launched (checked by test_every_kernel_is_covered)
 CASES_RUN = set()
-
-
-def half(rng, shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float16)
-
-
-def dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
-
-
-def garbage(shape, dtype):
-    """An output buffer pre-filled with NaN (or 7 for integers) so unwritten elements show."""
-    fill = 7 if np.issubdtype(np.dtype(dtype), np.integer) else np.nan
-    return dev(np.full(shape, fill, dtype))
-
-
-def f64(a):
-    return np.asarray(a, np.float64)
-
-
-def run(record):
-    """Record the launches of ``record(tape)``, replay them once, note the kernels used."""
-    tape = LaunchTape()
-    record(tape)
-    tape.replay()
-    cuda.synchronize()
-    LAUNCHED.update(tape.names())
-
-
-def check(label, got, expected, tol):
-    got = got.copy_to_host() if hasattr(got, "copy_to_host") else np.asarray(got)
-    expected = np.asarray(expected)
-    assert got.shape == expected.shape, f"{label}: shape {got.shape} != {expected.shape}"
-    if tol == "exact":
-        np.testing.assert_array_equal(got, expected, err_msg=label)
-        return
-    rtol, atol_frac = TOLERANCES[tol]
-    atol = atol_frac * float(np.abs(expected).max(initial=0.0))
-    np.testing.assert_allclose(f64(got), f64(expected), rtol=rtol, atol=atol, err_msg=label)
+run = functools.partial(replay, launched=LAUNCHED)
 
 
 # ---------------------------------------------------------------------------- elementwise
@@ -116,19 +78,31 @@ def case_channel_pad(rng):
     check("dx", dx, f64(dx0) + ref.channel_pad_backward(f64(dy), 3), "fp16")
 
 
-def case_dropout(rng, p):
-    x, dy = half(rng, (3, 25)), half(rng, (3, 25))
-    y, mask, dx = garbage(x.shape, np.float16), garbage(x.shape, np.uint8), garbage(x.shape, np.float16)
+# dropout draws a keep flag per element, drop_path one per sample: (input shape, mask shape, kernels, spec)
+RANDOM_MASKS = {
+    "dropout": ((3, 25), (3, 25), _elementwise.dropout_forward, _elementwise.dropout_backward, ref.dropout_forward,
+                ref.dropout_backward),
+    "drop_path": ((6, 2, 2, 3), (6,), _drop_path.drop_path_forward, _drop_path.drop_path_backward,
+                  ref.drop_path_forward, ref.drop_path_backward),
+}
+
+
+def case_random_mask(rng, kind, p):
+    shape, mask_shape, forward, backward, spec_forward, spec_backward = RANDOM_MASKS[kind]
+    x, dy = half(rng, shape), half(rng, shape)
+    y, mask, dx = garbage(shape, np.float16), garbage(mask_shape, np.uint8), garbage(shape, np.float16)
     step = dev(np.array([11], np.int32))
 
     def record(t):
-        _elementwise.dropout_forward(t, dev(x), y, mask, p, 2 ** 40 + 5, step)
-        _elementwise.dropout_backward(t, mask, dev(dy), dx, p, False)
+        forward(t, dev(x), y, mask, p, 2 ** 40 + 5, step)
+        backward(t, mask, dev(dy), dx, p, False)
     run(record)
-    y_ref, mask_ref = ref.dropout_forward(f64(x), p, 2 ** 40 + 5, 11)
+    y_ref, mask_ref = spec_forward(f64(x), p, 2 ** 40 + 5, 11)
+    if 0 < p < 1:
+        assert 0 < mask_ref.sum() < mask_ref.size, "the case must keep some elements and drop others"
     check("mask", mask, mask_ref, "exact")
     check("y", y, y_ref, "fp16")
-    check("dx", dx, ref.dropout_backward(mask_ref, f64(dy), p), "fp16")
+    check("dx", dx, spec_backward(mask_ref, f64(dy), p), "fp16")
 
 
 def case_channel_mul(rng, accumulate):
@@ -145,23 +119,6 @@ def case_channel_mul(rng, accumulate):
     check("y", y, ref.channel_mul_forward(f64(x), f64(s)), "fp16")
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("ds", ds, ds_ref + (f64(ds0) if accumulate else 0), "fp16")
-
-
-def case_drop_path(rng, p):
-    x, dy = half(rng, (6, 2, 2, 3)), half(rng, (6, 2, 2, 3))
-    y, mask, dx = garbage(x.shape, np.float16), garbage(6, np.uint8), garbage(x.shape, np.float16)
-    step = dev(np.array([11], np.int32))
-
-    def record(t):
-        _drop_path.drop_path_forward(t, dev(x), y, mask, p, 2 ** 40 + 5, step)
-        _drop_path.drop_path_backward(t, mask, dev(dy), dx, p, False)
-    run(record)
-    y_ref, mask_ref = ref.drop_path_forward(f64(x), p, 2 ** 40 + 5, 11)
-    if p == 0.5:
-        assert 0 < mask_ref.sum() < 6, "the case must keep some samples and drop others"
-    check("mask", mask, mask_ref, "exact")
-    check("y", y, y_ref, "fp16")
-    check("dx", dx, ref.drop_path_backward(mask_ref, f64(dy), p), "fp16")
 
 
 def case_cast(rng):
@@ -455,9 +412,9 @@ CASES = [
       for index, prim in enumerate(ACTIVATIONS)],   # every activation of the op table
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
-    *[pytest.param(case_dropout, dict(p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
+    *[pytest.param(case_random_mask, dict(kind="dropout", p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
-    *[pytest.param(case_drop_path, dict(p=p), id=f"drop-path-{p}") for p in (0.0, 0.5)],
+    *[pytest.param(case_random_mask, dict(kind="drop_path", p=p), id=f"drop-path-{p}") for p in (0.0, 0.5)],
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),

@@ -7,51 +7,19 @@ also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it co
 gradients run the 128x128 tile (8 warps; its pipeline in dynamic shared memory, above 48 KB: a
 launch without the byte count fails) on a few cases (~5 s per k-tile and block here).
 """
+import functools
 import zlib
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from planner import reference as ref
 from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
 from cuda_kernels._mma_tiles import GPU_TILES, SIM_TILE, MmaTile
-from cuda_kernels._tape import LaunchTape
+from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 
-TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5)}   # test_kernels.py's
 LAUNCHED = set()
-
-
-def half(rng, shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float16)
-
-
-def dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
-
-
-def garbage(shape, dtype):
-    return dev(np.full(shape, np.nan, dtype))
-
-
-def f64(a):
-    return np.asarray(a, np.float64)
-
-
-def run(record):
-    tape = LaunchTape()
-    record(tape)
-    tape.replay()
-    cuda.synchronize()
-    LAUNCHED.update(tape.names())
-
-
-def check(label, got, expected, tol):
-    got, expected = f64(got.copy_to_host()), f64(expected)
-    assert got.shape == expected.shape, f"{label}: shape {got.shape} != {expected.shape}"
-    rtol, atol_frac = TOLERANCES[tol]
-    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol_frac * float(np.abs(expected).max(initial=0.0)),
-                               err_msg=label)
+run = functools.partial(replay, launched=LAUNCHED)
 
 GPU_TILE_64 = MmaTile(64, 64, 2, 2)
 WIDE_TILE = GPU_TILES[0]   # 128x128, 8 warps of 64x32

@@ -1,0 +1,49 @@
+"""What the CUDA kernel tests (``tests/cuda/test_kernels.py``, ``test_mma_conv.py``) share: fp16 inputs,
+device buffers that show what a kernel left unwritten, one recorded and replayed launch, and the
+comparison with the float64 spec at an output's tolerance (``TOLERANCES``, explained in
+``test_kernels.py``'s docstring: relative, plus absolute as a fraction of ``max|expected|``)."""
+import numpy as np
+from numba import cuda
+
+from cuda_kernels._tape import LaunchTape
+
+TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5), "exact": (0.0, 0.0)}
+
+
+def half(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+
+def dev(a):
+    return cuda.to_device(np.ascontiguousarray(a))
+
+
+def garbage(shape, dtype):
+    """An output buffer pre-filled with NaN (or 7 for integers) so unwritten elements show."""
+    fill = 7 if np.issubdtype(np.dtype(dtype), np.integer) else np.nan
+    return dev(np.full(shape, fill, dtype))
+
+
+def f64(a):
+    return np.asarray(a, np.float64)
+
+
+def replay(record, launched):
+    """Record the launches of ``record(tape)``, replay them once, add the kernels used to ``launched``."""
+    tape = LaunchTape()
+    record(tape)
+    tape.replay()
+    cuda.synchronize()
+    launched.update(tape.names())
+
+
+def check(label, got, expected, tol):
+    got = got.copy_to_host() if hasattr(got, "copy_to_host") else np.asarray(got)
+    expected = np.asarray(expected)
+    assert got.shape == expected.shape, f"{label}: shape {got.shape} != {expected.shape}"
+    if tol == "exact":
+        np.testing.assert_array_equal(got, expected, err_msg=label)
+        return
+    rtol, atol_frac = TOLERANCES[tol]
+    atol = atol_frac * float(np.abs(expected).max(initial=0.0))
+    np.testing.assert_allclose(f64(got), f64(expected), rtol=rtol, atol=atol, err_msg=label)
