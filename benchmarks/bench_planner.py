@@ -49,14 +49,13 @@ def variants(model: str) -> dict[str, tuple[int, int, int, int]]:
 @contextlib.contextmanager
 def using(build: str):
     """Run the planner with one build of the expander and the offset allocator."""
-    saved = planner.expand._expander, planner.memory.assign_offsets, planner.memory.live_lower_bound
-    allocator = ALLOCATORS[build]
+    saved = planner.expand._expander, planner.memory.plan_offsets
     planner.expand._expander = lambda: EXPANDERS[build]
-    planner.memory.assign_offsets, planner.memory.live_lower_bound = allocator.assign_offsets, allocator.live_lower_bound
+    planner.memory.plan_offsets = ALLOCATORS[build].plan_offsets
     try:
         yield
     finally:
-        planner.expand._expander, planner.memory.assign_offsets, planner.memory.live_lower_bound = saved
+        planner.expand._expander, planner.memory.plan_offsets = saved
 
 
 # ---- asv ------------------------------------------------------------------------------------------

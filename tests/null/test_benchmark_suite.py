@@ -72,3 +72,25 @@ def test_memory_and_ratios_are_tracked():
     setups = {c.name for c in tree.body if isinstance(c, ast.ClassDef)
               for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "setup"}
     assert setups == {"TrainStepMemory", "CompileMemory", "MemoryRatios", "CpuStepRatio"}   # each checks first
+
+
+@pytest.mark.parametrize("build", ["cython", "pure"])
+def test_the_compile_benchmark_runs_with_each_build(build):
+    """`asv check` only imports the suite; this runs one Compile benchmark's setup and timed call, so a
+    planner function the benchmark swaps (`using`) that no longer exists fails here, not in a later asv run."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_planner
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import planner.memory
+    before = planner.memory.plan_offsets
+    case = bench_planner.Compile()
+    case.setup("resnet20", build)
+    try:
+        case.time_compile("resnet20", build)
+        with bench_planner.using(build):
+            assert planner.memory.plan_offsets is bench_planner.ALLOCATORS[build].plan_offsets
+    finally:
+        case.teardown("resnet20", build)
+    assert planner.memory.plan_offsets is before
