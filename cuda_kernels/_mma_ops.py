@@ -41,8 +41,8 @@ def _as_images(a2d):
     return a2d.reshape(a2d.shape[0], 1, 1, a2d.shape[1])
 
 
-def linear_forward(launcher, x2d, w, b, y):
-    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None."""
+def linear_forward(launcher, x2d, w, b, y, tile=None):
+    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None. ``tile``: as ``_mma_conv.conv2d_forward``'s."""
     n, f_in = x2d.shape
     f_out = w.shape[0]
     if not _gemm_ready(f_in, f_out, 1):
@@ -50,10 +50,10 @@ def linear_forward(launcher, x2d, w, b, y):
         return
     w4 = w.reshape(f_out, 1, 1, f_in)
     if b is None:
-        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1)
+        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1, tile=tile)
         return
     geo = _conv.conv_geometry((n, 1, 1, f_in), w4.shape, (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
-    tile = choose_tile(n, f_out)
+    tile = tile or choose_tile(n, f_out)
     grid = (math.ceil(n / tile.bm), math.ceil(f_out / tile.bn), 1)
     launcher.launch(_mma_conv.FORWARD[tile, "bias"], grid, tile.threads, flat(x2d), flat(w), b, flat(y), geo)
 
