@@ -1,10 +1,14 @@
 """The GEMM launchers of a plan by kernel family: ``GEMM_KERNELS[name]`` for ``kernels="mma" | "simt"``.
 
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
-"mma" runs the tensor-core kernels wherever they apply (groups 1; channels / features
-multiples of 8, which the planner's padding gives every layer but the network input, whose
-forward and weight gradient have any-channel variants) and the SIMT kernels elsewhere
-(depthwise, grouped); "simt" is the reference.
+"mma" runs the tensor-core kernels wherever they apply and the SIMT kernels elsewhere; "simt" is
+the reference. Where they apply (groups 1 throughout; depthwise and grouped convolutions stay SIMT):
+- a convolution's forward: any channel counts (Cin % 8 != 0, the stem: the any-channel variant);
+- its backward (input and weight gradient together): Cout % 8 == 0, and Cin % 8 == 0 unless no
+  input gradient is needed (the stem). The fused kinds require multiples of 8 (but the stem's
+  input), so only a convolution outside them can leave its backward to SIMT;
+- a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
+  8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
 """
 import math
 from types import MappingProxyType, SimpleNamespace
