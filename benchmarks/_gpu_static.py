@@ -64,8 +64,8 @@ def static_records(archs=ARCHS):
 
 
 def static_main(json_path=None):
-    """Print the per-kernel table (and write ``json_path``); 0 when every kernel is free of spills and its
-    shared memory fits."""
+    """Print the per-kernel table (and write its records to ``json_path``, one JSON object per line); 0 when
+    every kernel is free of spills and its shared memory fits."""
     records = static_records()
     if not ptxas_available():
         print("ptxas is not on PATH: instruction counts only (no registers, spills or shared bytes)")
@@ -77,8 +77,8 @@ def static_main(json_path=None):
               f"{r.get('predicted_tflops', '-'):>12}")
     print("smem: static shared bytes (ptxas -v); dyn: dynamic shared bytes at launch (its limit raised first)")
     print("predicted TFLOP/s: steady state on an H200, a model (benchmarks/_gpu_model.py), not a measurement")
-    if json_path:
+    if json_path:   # JSON Lines, like every other --json of gpu_check
         with open(json_path, "w") as f:
-            json.dump(records, f, indent=1)
+            f.writelines(json.dumps(record) + "\n" for record in records)
     return 1 if any(r.get("spill_bytes", 0) or r.get("stack_bytes", 0) or not r.get("shared_fits", True)
                     for r in records) else 0

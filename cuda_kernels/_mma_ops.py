@@ -1,10 +1,14 @@
 """The GEMM launchers of a plan by kernel family: ``GEMM_KERNELS[name]`` for ``kernels="mma" | "simt"``.
 
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
-"mma" runs the tensor-core kernels wherever they apply (groups 1; channels / features
-multiples of 8, which the planner's padding gives every layer but the network input, whose
-forward and weight gradient have any-channel variants) and the SIMT kernels elsewhere
-(depthwise, grouped); "simt" is the reference.
+"mma" runs the tensor-core kernels wherever they apply and the SIMT kernels elsewhere; "simt" is
+the reference. Where they apply (groups 1 throughout; depthwise and grouped convolutions stay SIMT):
+- a convolution's forward: any channel counts (Cin % 8 != 0, the stem: the any-channel variant);
+- its backward (input and weight gradient together): Cout % 8 == 0, and Cin % 8 == 0 unless no
+  input gradient is needed (the stem). The fused kinds require multiples of 8 (but the stem's
+  input), so only a convolution outside them can leave its backward to SIMT;
+- a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
+  8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
 """
 import math
 from types import MappingProxyType, SimpleNamespace
@@ -41,8 +45,8 @@ def _as_images(a2d):
     return a2d.reshape(a2d.shape[0], 1, 1, a2d.shape[1])
 
 
-def linear_forward(launcher, x2d, w, b, y):
-    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None."""
+def linear_forward(launcher, x2d, w, b, y, tile=None):
+    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None. ``tile``: as ``_mma_conv.conv2d_forward``'s."""
     n, f_in = x2d.shape
     f_out = w.shape[0]
     if not _gemm_ready(f_in, f_out, 1):
@@ -50,10 +54,10 @@ def linear_forward(launcher, x2d, w, b, y):
         return
     w4 = w.reshape(f_out, 1, 1, f_in)
     if b is None:
-        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1)
+        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1, tile=tile)
         return
     geo = _conv.conv_geometry((n, 1, 1, f_in), w4.shape, (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
-    tile = choose_tile(n, f_out)
+    tile = tile or choose_tile(n, f_out)
     grid = (math.ceil(n / tile.bm), math.ceil(f_out / tile.bn), 1)
     launcher.launch(_mma_conv.FORWARD[tile, "bias"], grid, tile.threads, flat(x2d), flat(w), b, flat(y), geo)
 

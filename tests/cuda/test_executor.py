@@ -125,6 +125,11 @@ def runs(request):
         executor = CudaExecutor(plan, loss, optimizer, seed=3, init_loss_scale=CHECK_SCALE)
         out[label] = train(executor, steps, starts=out["cpu"])
         assert not executor.skipped_last_step and executor.loss_scale == CHECK_SCALE
+        # the default GEMMs are the tensor-core kernels: no convolution forward is left to the SIMT ones
+        launched = executor._runners[("train", "train")].tape.names()
+        assert executor.kernels == "mma" and not any(n.startswith("conv2d_forward") for n in launched) and all(
+            any(n.startswith(f"mma_conv2d_{p}") for n in launched) for p in ("forward", "backward_data",
+                                                                            "backward_weight")), sorted(set(launched))
     return out
 
 

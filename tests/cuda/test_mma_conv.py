@@ -5,9 +5,10 @@ tolerances). Shapes are tiny: the simulator runs ~10k threads/s and every mma / 
 twin is two block barriers. The simulator tile is 32x16 (two warps); one row per kernel
 also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it covers, and the
 gradients run the 128x128 tile (8 warps; its pipeline in dynamic shared memory, above 48 KB: a
-launch without the byte count fails) on a few cases (~5 s per k-tile and block here).
+launch without the byte count fails) on a few cases (~5 s per k-tile and block here). Every
+other kernel of ``MMA_KERNELS`` (each tile of the planner's table, each family) runs one small
+case, and the last test fails if any kernel of the table was never launched.
 """
-import functools
 import zlib
 
 import numpy as np
@@ -15,11 +16,16 @@ import pytest
 
 from planner import reference as ref
 from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
-from cuda_kernels._mma_tiles import GPU_TILES, SIM_TILE, MmaTile
+from cuda_kernels._mma_tiles import CHUNK, GPU_TILES, MmaTile
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 
-LAUNCHED = set()
-run = functools.partial(replay, launched=LAUNCHED)
+LAUNCHED = []   # kernel names, in launch order
+
+
+def run(record):
+    names = set()
+    replay(record, launched=names)
+    LAUNCHED.extend(sorted(names))
 
 GPU_TILE_64 = MmaTile(64, 64, 2, 2)
 WIDE_TILE = GPU_TILES[0]   # 128x128, 8 warps of 64x32
@@ -35,8 +41,8 @@ FORWARD_CASES = {
 }
 
 
-def _forward(rng, config, with_stats, tile=None):
-    n, h, w_, cin, cout, k, s, p = FORWARD_CASES[config]
+def _forward(rng, config, with_stats, tile=None, cases=FORWARD_CASES):
+    n, h, w_, cin, cout, k, s, p = cases[config]
     x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
     y_ref = ref.conv2d_forward(f64(x), f64(w), s, p, 1)
     y = garbage(y_ref.shape, np.float16)
@@ -182,9 +188,57 @@ def test_gemm_kernels_names_its_choices():
         _mma_ops.gemm_kernels("wmma")
 
 
-def test_every_simulator_tile_kernel_is_launched():
-    """Runs last (file order): every kernel of the simulator tile must have been launched by a case above."""
-    sim_kernels = {name for name in _mma_kernels.all_mma_kernels() if name.endswith(SIM_TILE.name)}
+# ---- every GPU tile of the planner's table, every kernel family: one small case each ------------------------------
+# The cases above run the simulator tile everywhere, 64x64 and 128x128 on a few; these launch each remaining kernel
+# of MMA_KERNELS once (its tile's loads, warp layout and epilogue), on shapes with partial tiles in M and N and a
+# reduction of one or two k-tiles (the pipeline shorter than its stages). 1-18 s each here (2 shared cores).
+def _tile_cases(tile):
+    """Per kernel family: how to run it on ``tile`` (Cout / Cin ``tile.bn - 8``: a partial column tile)."""
+    c = max(CHUNK, tile.bn - CHUNK)
+    forward = {"plain-1x1-s2-k24": (1, 6, 6, 24, c, 1, 2, 0), "stats-1x1-k40": (1, 5, 5, 40, c, 1, 1, 0),
+               "stem-3x3-s2-k27": (1, 6, 6, 3, CHUNK, 3, 2, 1)}
+    wgrad = {"1x1-25-pixels": (1, 5, 5, c, 16, 1, 1, 0), "stem-3x3-n27": (1, 4, 4, 3, CHUNK, 3, 1, 1)}
+    dgrad = {"3x3-s2-accumulate": (1, 5, 5, c, CHUNK, 3, 2, 1, True)}
+    return {
+        "conv2d_forward": lambda rng: _forward(rng, "plain-1x1-s2-k24", False, tile, forward),
+        "conv2d_forward_bn_stats": lambda rng: _forward(rng, "stats-1x1-k40", True, tile, forward),
+        "conv2d_forward_any_channels": lambda rng: _forward(rng, "stem-3x3-s2-k27", False, tile, forward),
+        "conv2d_forward_bn_stats_any_channels": lambda rng: _forward(rng, "stem-3x3-s2-k27", True, tile, forward),
+        "linear_forward_bias": lambda rng: _linear_bias(rng, (5, 24, c), tile),
+        "conv2d_backward_weight": lambda rng: _wgrad(rng, "1x1-25-pixels", tile, wgrad),
+        "conv2d_backward_weight_any_channels": lambda rng: _wgrad(rng, "stem-3x3-n27", tile, wgrad),
+        "conv2d_backward_data": lambda rng: _dgrad(rng, "3x3-s2-accumulate", tile, dgrad),
+    }
+
+
+# launched by the GPU-tile and wide-tile tests above
+COVERED_ABOVE = {f"mma_{family}_{tile.name}" for tile in (GPU_TILE_64, WIDE_TILE)
+                 for family in ("conv2d_backward_weight", "conv2d_backward_data")} | {
+    f"mma_conv2d_forward_bn_stats_{GPU_TILE_64.name}", f"mma_conv2d_backward_weight_any_channels_{WIDE_TILE.name}"}
+GPU_TILE_KERNELS = sorted((name, tile) for name in _mma_kernels.all_mma_kernels() for tile in GPU_TILES
+                          if name.endswith("_" + tile.name) and name not in COVERED_ABOVE)
+
+
+def _linear_bias(rng, shape, tile):
+    n, f_in, f_out = shape
+    x, w, b = half(rng, (n, f_in)), half(rng, (f_out, f_in), 0.5), rng.standard_normal(f_out).astype(np.float32)
+    y = garbage((n, f_out), np.float16)
+    run(lambda t: _mma_ops.linear_forward(t, dev(x), dev(w), dev(b), y, tile=tile))
+    check("y", y, ref.linear_forward(f64(x), f64(w), f64(b)), "fp16")
+
+
+@pytest.mark.parametrize("name, tile", GPU_TILE_KERNELS, ids=[name for name, _ in GPU_TILE_KERNELS])
+def test_every_gpu_tile_kernel_matches_reference(name, tile):
+    family = name[len("mma_"):-len("_" + tile.name)]
+    before = len(LAUNCHED)
+    _tile_cases(tile)[family](np.random.default_rng(zlib.crc32(name.encode())))
+    assert name in LAUNCHED[before:], f"{name} was not launched; the case ran {LAUNCHED[before:]}"
+
+
+def test_every_tensor_core_kernel_is_launched():
+    """Runs last (file order): every kernel of MMA_KERNELS (every tile of the table, every family) must have been
+    launched by a case above."""
+    every = set(_mma_kernels.all_mma_kernels())
     if not LAUNCHED:
         pytest.skip("coverage is only known when the cases above ran")
-    assert sim_kernels <= LAUNCHED, f"never launched: {sorted(sim_kernels - LAUNCHED)}"
+    assert every <= set(LAUNCHED), f"never launched: {sorted(every - set(LAUNCHED))}"

@@ -158,6 +158,29 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     assert blocks >= tile.design_blocks_per_sm, f"{name}: {info.registers} registers allow {blocks} blocks per SM"
 
 
+def test_gpu_check_static_writes_one_record_per_kernel_and_architecture(monkeypatch, tmp_path, capsys):
+    """``gpu_check.py --static`` (item 5 of issue 12) on one kernel, the 128x128 input gradient (dynamic shared
+    memory): its printed row and JSON Lines records carry what the PTX tier checks above."""
+    import json
+    from benchmarks._gpu_static import static_main
+    name, tile = "mma_conv2d_backward_data_128x128x32", TILES[0]
+    monkeypatch.setattr(_mma_kernels, "all_mma_kernels", lambda: {name: MMA_KERNELS[name]})
+    out = tmp_path / "static.jsonl"
+    assert static_main(str(out)) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["name"], r["arch"]) for r in records] == [(name, "sm_80"), (name, "sm_90")]
+    for r in records:
+        assert r["mma_per_iteration_warp"] == tile.mi * tile.ni * 2 and r["mma_per_iteration_block"] == 8 * 32
+        assert r["dynamic_shared_bytes"] == MMA_KERNELS[name].dynamic_shared_bytes > 48 * 1024
+    printed = capsys.readouterr().out
+    assert printed.count(name) == 2 and "not a measurement" in printed
+    if not ptxas_available():
+        pytest.skip(_NO_PTXAS)
+    for r in records:
+        assert 0 < r["registers"] <= 255 and r["spill_bytes"] == r["stack_bytes"] == 0 and r["shared_fits"], r
+        assert 0 < r["predicted_tflops"] < 989, r
+
+
 # ---- depthwise kernels: 8 channels per thread in 16-byte vectors (cuda_kernels._depthwise) -------------------
 DEPTHWISE_VECTORS = {  # kernel: (16-byte loads, 16-byte stores) it must contain, per PTX instruction
     "depthwise_forward_vec8": ({"ld.global.nc.v4.b32"}, {"st.global.v4.b32"}),
