@@ -15,14 +15,15 @@ or the BN statistics kernel) and before the finalize, which then divides by the 
 local rows times the world size: every replica steps the same batch size, which the sampler's padding
 guarantees); in the backward, of ``sum(dy)`` and ``sum(dy * xhat)`` after their reduction and before
 the input gradient reads them (``cuda_kernels._batchnorm``). Two all-reduces per BN layer and
-direction: the planner aligns each buffer to 256 bytes, so the two are never adjacent.
+direction: the planner gives each buffer its own 256-byte-aligned slot, so the two are in general not
+adjacent (one NCCL group call around them would make them one launch; not done yet).
 
 ``StepCollectives`` is the interface `cuda_kernels._ops` calls (``record_optimizer`` and the BN
 launches); ``SINGLE_REPLICA`` (one process) records nothing. ``NcclCollectives`` is the real one:
 an nccl4py communicator bootstrapped with the NCCL unique id that rank 0 broadcasts through the
-torch.distributed (gloo) group. ``RecordingCollectives`` is its test double for the simulator: it records each call and acts as
-``world_size`` identical replicas (a sum multiplies the buffer by the world size; an average or a max
-leaves it as it is; one replica, the default, changes nothing).
+torch.distributed (gloo) group. ``RecordingCollectives`` is its test double for the simulator: it
+records each call and acts as ``world_size`` identical replicas (a sum multiplies the buffer by the
+world size; an average or a max leaves it as it is; one replica, the default, changes nothing).
 
 Why not torch's NCCL process group: its collectives run on the process group's own internal
 stream, ordered after torch's *current* stream by events; recording them inside our capture would

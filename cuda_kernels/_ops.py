@@ -181,7 +181,8 @@ def _batchnorm_forward(launcher, ov, step, mode):
         _batchnorm.batchnorm_forward_train(
             launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
             ov.param(step.position, Role.RUNNING_MEAN), ov.param(step.position, Role.RUNNING_VAR), prim.param("momentum"),
-            eps, activation=activation, residual=residual, sums_ready=step.sums_ready, collectives=ov.ctx.collectives)
+            eps, activation=activation, residual=residual, sums_ready=step.sums_ready,
+            collectives=ov.ctx.collectives)
     elif mode == "eval":
         _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
                                           ov.param(step.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
