@@ -123,6 +123,21 @@ def test_per_replica_bn_records_no_bn_all_reduce():
     assert [e.name for e in tape if e.kind == "collective"] == ["all_reduce_avg_grads", "all_reduce_max_overflow"]
 
 
+def test_replicate_gives_a_cuda_executor_sync_bn_through_its_collectives(monkeypatch):
+    """``replicate`` used to refuse it; now NCCL's collectives (here the stand-in) carry the flag into the tape."""
+    from blueprint.distributed import Distributed, replicate
+    from cuda_kernels import _collective
+    monkeypatch.setattr(Distributed, "start", lambda self: None)                       # no process group: one rank
+    monkeypatch.setattr(Distributed, "broadcast", lambda self, array, what, source=0: array)
+    monkeypatch.setattr(_collective, "NcclCollectives", lambda dist: RecordingCollectives(
+        world_size=dist.world_size, sync_batchnorm=dist.sync_batchnorm))
+    ex = replicate(_executor(SHARD), Distributed(0, WORLD, sync_batchnorm=True))
+    assert not hasattr(ex, "batchnorm_sums")      # the CPU path's hook
+    names = [e.name for e in ex._runner("train", "train").tape if e.kind == "collective"]
+    assert names.count("all_reduce_sum_bn_statistics") == 2 * BN_LAYERS
+    assert names.count("all_reduce_sum_bn_gradient_sums") == 2 * BN_LAYERS
+
+
 # ---- identical replicas ------------------------------------------------------------------------------------
 def test_identical_replicas_with_sync_bn_step_as_one_process_on_their_batches_together():
     x, y = _data(SHARD)
