@@ -9,6 +9,7 @@ from numba import cuda
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS, Prim
 from cuda_kernels import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
+from cuda_kernels._collective import StepCollectives
 from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args
 
@@ -102,7 +103,17 @@ def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with
                 expected, 4 * macs, 2 * (2 * x.size + dy.size) + 6 * wt.size)
 
 
+class _PeerWithZeroGradient(StepCollectives):
+    """Sync BN beside one other replica whose ``dy`` is 0 on a shard as large: the sums stay this replica's,
+    the rows double. No all-reduce runs (one process); the BN kernels take the synchronised branch."""
+    world_size, sync_batchnorm = 2, True
+
+    def batchnorm_sums(self, launcher, what, *sums):
+        return self.world_size
+
+
 def batchnorm_case(mem, rng, rows, channels, direction):
+    """``direction``: "fwd", "bwd", or "bwd sync" (``_PeerWithZeroGradient``: the spec over both shards)."""
     (hx, x), (hg, gamma) = mem.random(rng, (rows, channels), np.float16), mem.random(rng, channels, np.float32)
     (hb, beta), y = mem.random(rng, channels, np.float32), mem.output((rows, channels), np.float16)
     mean, invstd = mem.output(channels, np.float32), mem.output(channels, np.float32)
@@ -121,10 +132,16 @@ def batchnorm_case(mem, rng, rows, channels, direction):
         channels, np.float32)
     smean, sinv = mem.constant(hmean.astype(np.float32)), mem.constant(hinv.astype(np.float32))
 
+    synced = direction == "bwd sync"
+    collectives = _PeerWithZeroGradient() if synced else StepCollectives()
+
     def expected():
-        rdx, rdg, rdb = ref.batchnorm_backward(f32(hx), hg, hmean, hinv, f32(hdy))
-        return {"dx": (rdx, "fp16"), "dgamma": (rdg, "fp32"), "dbeta": (rdb, "fp32")}
-    return Case(lambda t: _batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False),
+        shards = 2 if synced else 1   # the peer's shard: any x (its dy is 0), here this one's
+        rdx, rdg, rdb = ref.batchnorm_backward(np.concatenate([f32(hx)] * shards), hg, hmean, hinv,
+                                               np.concatenate([f32(hdy)] + [np.zeros_like(f32(hdy))] * (shards - 1)))
+        return {"dx": (rdx[:rows], "fp16"), "dgamma": (rdg / shards, "fp32"), "dbeta": (rdb / shards, "fp32")}
+    return Case(lambda t: _batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False,
+                                                        collectives=collectives),
                 {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
 
 
@@ -378,6 +395,7 @@ def table(batch):
         for kernels in GEMM_KERNELS:
             rows[f"linear 512-1000 {direction} {kernels}"] = lambda mem, rng, d=direction, kn=kernels: linear_case(
                 mem, rng, batch, 512, 1000, d, kn)
+    rows["batchnorm 64ch bwd sync"] = lambda mem, rng: batchnorm_case(mem, rng, batch * 32 * 32, 64, "bwd sync")
     rows["gelu"] = lambda mem, rng: activation_case(mem, rng, batch * 32 * 32 * 64, Prim.GELU)
     rows["activations"] = lambda mem, rng: activations_case(mem, rng, batch * 1024)
     rows["dropout"] = lambda mem, rng: dropout_case(mem, rng, batch * 4096)

@@ -8,6 +8,11 @@ epilogue (DESIGN.md §5):
    updates the running statistics (biased variance normalises, unbiased one is tracked);
 3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
 Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``.
+Synchronised BN (data parallel, ``cuda_kernels._collective``): the sums of step 1 are summed over
+the replicas before the finalize, which divides by the global count; in the backward, ``dbeta`` and
+``dgamma`` are summed over the replicas before ``dx`` reads them (``dx`` divides by the global rows),
+then scaled by ``1 / world_size``: the gradient all-reduce (an average) then leaves the mean of the
+replicas' own sums, which is what ``torch.nn.SyncBatchNorm`` under DDP gives ``gamma`` and ``beta``.
 The variance is ``E[x^2] - mean^2`` in fp32 (clamped at 0): fine for activations whose
 mean is not large against their spread.
 """
@@ -18,6 +23,7 @@ from numba import cuda
 
 from planner.ops import Prim
 
+from ._collective import SINGLE_REPLICA
 from ._elementwise import ACTIVATION_KERNELS, fill_zero
 from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
@@ -125,9 +131,9 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, row
     _reduce_rows_and_add(s1, s2, a, b, dbeta, dgamma, c, tx, ty)
 
 
-@kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32))
-def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate):
-    inv_rows = ONE / f32(x.size // channels)
+@kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
+def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate, replicas):
+    inv_rows = ONE / f32((x.size // channels) * replicas)   # sync BN: dgamma, dbeta are sums over the replicas
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         c = i % channels
         xhat = (f32(x[i]) - mean[c]) * invstd[c]
@@ -135,6 +141,13 @@ def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channe
         if accumulate:
             v += f32(dx[i])
         dx[i] = f16(v)
+
+
+@kernel("batchnorm_replica_share", (F1, F1, F32))
+def _batchnorm_replica_share(dgamma, dbeta, inverse_world_size):
+    for c in range(cuda.grid(1), dgamma.size, cuda.gridsize(1)):
+        dgamma[c] *= inverse_world_size
+        dbeta[c] *= inverse_world_size
 
 
 def _reduction_grid(rows, channels):
@@ -166,14 +179,17 @@ def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, 
 
 
 def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
-                            momentum, eps, activation=None, residual=None, sums_ready=False):
+                            momentum, eps, activation=None, residual=None, sums_ready=False,
+                            collectives=SINGLE_REPLICA):
     """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
-    accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``."""
+    accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``. ``collectives``: the step's
+    (``cuda_kernels._collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
         batchnorm_stats(launcher, x2d, save_mean, save_invstd)
+    replicas = collectives.batchnorm_sums(launcher, "bn_statistics", save_mean, save_invstd)
     launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
-                    np.int32(x2d.size // channels), np.float32(momentum), np.float32(eps))
+                    np.int32(x2d.size // channels * replicas), np.float32(momentum), np.float32(eps))
     _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
 
 
@@ -188,14 +204,21 @@ def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, ep
     _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
 
 
-def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate):
-    """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated."""
+def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
+                       collectives=SINGLE_REPLICA):
+    """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. With ``sync_batchnorm``
+    ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise."""
     channels = tuple(x2d.shape)[-1]
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
     fill_zero(launcher, dgamma)
     fill_zero(launcher, dbeta)
     launcher.launch(_batchnorm_backward_reduce, grid, block, flat(x2d), flat(dy2d), save_mean, save_invstd,
                     dgamma, dbeta, np.int32(channels), rows_per_block)
-    if dx2d is not None:
-        launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), flat(x2d), flat(dy2d), save_mean,
-                        save_invstd, gamma, dgamma, dbeta, flat(dx2d), np.int32(channels), np.int32(accumulate))
+    if dx2d is None:
+        return
+    replicas = collectives.batchnorm_sums(launcher, "bn_gradient_sums", dgamma, dbeta)
+    launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), flat(x2d), flat(dy2d), save_mean,
+                    save_invstd, gamma, dgamma, dbeta, flat(dx2d), np.int32(channels), np.int32(accumulate),
+                    np.int32(replicas))
+    if replicas > 1:
+        launcher.launch(_batchnorm_replica_share, *grid_1d(channels), dgamma, dbeta, np.float32(1.0 / replicas))

@@ -1,4 +1,4 @@
-"""The gradient all-reduce of a data-parallel step on the CUDA path: an entry of the launch tape.
+"""The all-reduces of a data-parallel step on the CUDA path: entries of the launch tape.
 
 After the last gradient write and before the overflow check, the tape holds one all-reduce
 (average) over the contiguous ``grads`` region; after the overflow check, one all-reduce (max) of
@@ -8,11 +8,22 @@ all-reduces overlapped with backward would need). Both run on the step's stream:
 issues them on it, and graph capture records them into the same CUDA graph as the kernels (NCCL
 supports stream capture; nccl4py takes the cuda.core ``GraphBuilder`` as the stream).
 
-``StepCollectives`` is the interface `cuda_kernels._ops.record_optimizer` calls; ``SINGLE_REPLICA``
-(one process) records nothing. ``NcclCollectives`` is the real one: an nccl4py communicator
-bootstrapped with the NCCL unique id that rank 0 broadcasts through the torch.distributed (gloo)
-group. ``RecordingCollectives`` is its test double for the simulator: it records each call and, as
-one replica, leaves the buffers as they are.
+With ``sync_batchnorm`` (``torch.nn.SyncBatchNorm`` semantics), every training BatchNorm adds
+all-reduces (sum) of its per-channel fp32 sums, on the same stream and so inside the same graph: in
+the forward, of the batch sum and sum of squares, after their accumulation (a convolution's epilogue
+or the BN statistics kernel) and before the finalize, which then divides by the global count (the
+local rows times the world size: every replica steps the same batch size, which the sampler's padding
+guarantees); in the backward, of ``sum(dy)`` and ``sum(dy * xhat)`` after their reduction and before
+the input gradient reads them (``cuda_kernels._batchnorm``). Two all-reduces per BN layer and
+direction: the planner gives each buffer its own 256-byte-aligned slot, so the two are in general not
+adjacent (one NCCL group call around them would make them one launch; not done yet).
+
+``StepCollectives`` is the interface `cuda_kernels._ops` calls (``record_optimizer`` and the BN
+launches); ``SINGLE_REPLICA`` (one process) records nothing. ``NcclCollectives`` is the real one:
+an nccl4py communicator bootstrapped with the NCCL unique id that rank 0 broadcasts through the
+torch.distributed (gloo) group. ``RecordingCollectives`` is its test double for the simulator: it
+records each call and acts as ``world_size`` identical replicas (a sum multiplies the buffer by the
+world size; an average or a max leaves it as it is; one replica, the default, changes nothing).
 
 Why not torch's NCCL process group: its collectives run on the process group's own internal
 stream, ordered after torch's *current* stream by events; recording them inside our capture would
@@ -32,7 +43,7 @@ OVERFLOW = "overflow"
 
 @dataclass(frozen=True)
 class CollectiveEntry:
-    """A tape entry: ``op`` ("avg" or "max") all-reduce of ``buffer`` in place, on the replay stream."""
+    """A tape entry: ``op`` ("avg", "max" or "sum") all-reduce of ``buffer`` in place, on the replay stream."""
     name: str
     op: str
     buffer: object
@@ -46,11 +57,19 @@ class CollectiveEntry:
 class StepCollectives:
     """Where a data-parallel step talks to the other replicas (record time: ``launcher`` is the tape)."""
 
+    world_size = 1
+    sync_batchnorm = False
+
     def gradients(self, launcher, grads) -> None:
         """Between the last gradient write and the overflow check."""
 
     def overflow(self, launcher, flag) -> None:
         """Between the overflow check and the optimizer update."""
+
+    def batchnorm_sums(self, launcher, what: str, *sums) -> int:
+        """Between a BatchNorm's per-channel fp32 ``sums`` and their first reader: with ``sync_batchnorm``,
+        each summed over the replicas in place. Returns how many replicas' rows the sums then hold."""
+        return 1
 
 
 SINGLE_REPLICA = StepCollectives()
@@ -63,17 +82,30 @@ class _ReducingCollectives(StepCollectives):
     def overflow(self, launcher, flag) -> None:
         launcher.add(CollectiveEntry(f"all_reduce_max_{OVERFLOW}", "max", flag, self))
 
+    def batchnorm_sums(self, launcher, what: str, *sums) -> int:
+        if not self.sync_batchnorm:
+            return 1
+        for buffer in sums:
+            launcher.add(CollectiveEntry(f"all_reduce_sum_{what}", "sum", buffer, self))
+        return self.world_size
+
     def all_reduce(self, buffer, op: str, stream) -> None:
         raise NotImplementedError
 
 
 @dataclass
 class RecordingCollectives(_ReducingCollectives):
-    """The simulator's stand-in for NCCL: one replica; remembers ``(op, elements, dtype)`` per call."""
+    """The simulator's stand-in for NCCL: ``world_size`` identical replicas (see the module header);
+    remembers ``(op, elements, dtype)`` per call."""
     calls: list = field(default_factory=list)
+    world_size: int = 1
+    sync_batchnorm: bool = False
 
     def all_reduce(self, buffer, op: str, stream) -> None:
         self.calls.append((op, int(buffer.size), np.dtype(buffer.dtype).name))
+        if op == "sum" and self.world_size != 1:
+            buffer.copy_to_device(buffer.copy_to_host(stream=stream) * buffer.dtype.type(self.world_size),
+                                  stream=stream)
 
 
 class NcclCollectives(_ReducingCollectives):
@@ -91,7 +123,8 @@ class NcclCollectives(_ReducingCollectives):
             else np.zeros(len(bytes(get_unique_id(empty=True))), np.uint8)
         dist.broadcast(unique, "NCCL unique id broadcast")
         self.communicator = Communicator.init(dist.world_size, dist.rank, UniqueId.from_bytes(unique.tobytes()))
-        self.ops = {"avg": NcclRedOp.AVG, "max": NcclRedOp.MAX}
+        self.ops = {"avg": NcclRedOp.AVG, "max": NcclRedOp.MAX, "sum": NcclRedOp.SUM}
+        self.world_size, self.sync_batchnorm = dist.world_size, dist.sync_batchnorm
 
     def all_reduce(self, buffer, op: str, stream) -> None:
         self.communicator.allreduce(buffer, buffer, self.ops[op], stream=stream)
@@ -99,7 +132,8 @@ class NcclCollectives(_ReducingCollectives):
 
 def device_gradient_reduction(executor, dist):
     """Install NCCL on ``executor`` (a CudaExecutor not yet stepped) and return the executor-level hook,
-    which has nothing to do: the reduction is recorded into the tape by ``record_optimizer``."""
+    which has nothing to do: the reduction is recorded into the tape by ``record_optimizer`` (and, with
+    ``dist.sync_batchnorm``, the BN sums' by the BN launches)."""
     if executor.runners_recorded():
         raise RuntimeError("replicate() must be called before the CudaExecutor records its first step")
     executor.collectives = NcclCollectives(dist)

@@ -181,7 +181,8 @@ def _batchnorm_forward(launcher, ov, step, mode):
         _batchnorm.batchnorm_forward_train(
             launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
             ov.param(step.position, Role.RUNNING_MEAN), ov.param(step.position, Role.RUNNING_VAR), prim.param("momentum"),
-            eps, activation=activation, residual=residual, sums_ready=step.sums_ready)
+            eps, activation=activation, residual=residual, sums_ready=step.sums_ready,
+            collectives=ov.ctx.collectives)
     elif mode == "eval":
         _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
                                           ov.param(step.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
@@ -449,7 +450,7 @@ def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
     saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
     _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
                                   as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
-                                  _dparam(ov, position, Role.BIAS), accumulate)
+                                  _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives)
 
 
 def _input_only(backward):

@@ -8,7 +8,8 @@
 - with ``sync_batchnorm``, sets the BN kernels' sums hook: the per-channel sums (and the
   count) of the forward and of the backward's ``dx`` are all-reduced, so BN normalises over the
   global batch; ``dgamma``/``dbeta`` stay this replica's and are averaged with every gradient
-  (exactly `torch.nn.SyncBatchNorm` under DDP);
+  (exactly `torch.nn.SyncBatchNorm` under DDP). On the CUDA path the same sums are all-reduced by
+  NCCL entries of the launch tape (``cuda_kernels._collective``), installed with the gradient's;
 - gives rank ``r > 0`` its own dropout stream (``replica_seed``);
 - broadcasts rank 0's parameters and BN statistics, as DDP does when it wraps a model.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from blueprint._errors import ConfigError
 from blueprint.distributed._group import Distributed
 
 
@@ -32,12 +32,9 @@ def replica_seed(seed: int, rank: int) -> int:
 
 def replicate(executor, dist: Distributed):
     """Make ``executor`` one replica of the run ``dist`` describes (see the module's docstring)."""
-    if dist.sync_batchnorm and not hasattr(executor, "batchnorm_sums"):
-        raise ConfigError(f"sync_batchnorm=True runs on the CPU path; {type(executor).__name__}'s fused kernels "
-                          "keep per-replica BatchNorm statistics: train with sync_batchnorm=False on CUDA")
     dist.start()
     executor.gradient_reduction = _gradient_reduction(executor, dist)
-    if dist.sync_batchnorm:
+    if dist.sync_batchnorm and _on_host(executor):   # the CUDA path's: NCCL entries of its tape (above)
         executor.batchnorm_sums = _SyncedSums(dist)
     executor.seed = replica_seed(executor.seed, dist.rank)
     names = [p.name for p in executor.plan.params]
@@ -46,8 +43,12 @@ def replicate(executor, dist: Distributed):
     return executor
 
 
+def _on_host(executor) -> bool:
+    return hasattr(executor, "arena") and isinstance(executor.arena, np.ndarray)
+
+
 def _gradient_reduction(executor, dist: Distributed):
-    if hasattr(executor, "arena") and isinstance(executor.arena, np.ndarray):
+    if _on_host(executor):
         return _HostGradients(dist, executor)
     from cuda_kernels._collective import device_gradient_reduction
     return device_gradient_reduction(executor, dist)

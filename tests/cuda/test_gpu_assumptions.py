@@ -215,12 +215,14 @@ def test_nccl_collectives_bootstrap_and_reduce_with_nccl4pys_own_signatures(nccl
         assert array.dtype == np.uint8 and array.size == 128, what
         array[:] = np.arange(128, dtype=np.uint8)
         sent["what"] = what
-    dist = SimpleNamespace(is_writer=rank == 0, rank=rank, world_size=2, broadcast=broadcast)
+    dist = SimpleNamespace(is_writer=rank == 0, rank=rank, world_size=2, broadcast=broadcast, sync_batchnorm=True)
     collectives = NcclCollectives(dist)
     assert _Communicator.made == [(2, rank, bytes(range(128)))] and sent["what"] == "NCCL unique id broadcast"
+    assert (collectives.world_size, collectives.sync_batchnorm) == (2, True)   # the BN sums' all-reduces
     buffer, builder = object(), object()
-    collectives.all_reduce(buffer, "avg", builder)
-    assert collectives.communicator.call == (buffer, buffer, _NcclRedOp.AVG, builder)
+    for op, nccl_op in (("avg", _NcclRedOp.AVG), ("max", _NcclRedOp.MAX), ("sum", _NcclRedOp.SUM)):
+        collectives.all_reduce(buffer, op, builder)
+        assert collectives.communicator.call == (buffer, buffer, nccl_op, builder)
 
 
 # ---- device attributes gpu_check reads (versions record, preflight) ----------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
 from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool
+from cuda_kernels._collective import _ReducingCollectives
 from cuda_kernels._registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 
@@ -188,6 +189,52 @@ def case_batchnorm_backward(rng, accumulate):
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("dgamma", dgamma, dgamma_ref, "fp32")
     check("dbeta", dbeta, dbeta_ref, "fp32")
+
+
+class _OtherShard(_ReducingCollectives):
+    """Sync BN's all-reduces with one other replica, whose per-channel sums ``others`` are given in call order:
+    each ``sum`` adds the next of them (what NCCL's sum over the two replicas gives)."""
+    world_size, sync_batchnorm = 2, True
+
+    def __init__(self, others):
+        self.others = [np.asarray(o, np.float32) for o in others]
+
+    def all_reduce(self, buffer, op, stream):
+        assert op == "sum", op
+        buffer.copy_to_device(buffer.copy_to_host() + self.others.pop(0))
+
+
+def case_batchnorm_synced(rng):
+    """Sync BN on this replica's shard ``x0`` while the other holds ``x1``: the statistics, the running ones
+    (global count), ``dx`` and the averaged ``dgamma``/``dbeta`` of the spec over both shards together."""
+    m, c, momentum, eps = 16, 3, 0.1, 1e-5
+    x0, x1 = half(rng, (m, c), 2.0) + np.float16(0.5), half(rng, (m, c), 1.0) - np.float16(0.5)
+    dy0, dy1 = half(rng, (m, c)), half(rng, (m, c))
+    gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
+    both, dy_both = np.concatenate([x0, x1]), np.concatenate([dy0, dy1])
+    y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
+        f64(both), f64(gamma), f64(beta), f64(rm), f64(rv), momentum, eps)
+    y, mean, invstd, d_rm, d_rv = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32), \
+        dev(rm), dev(rv)
+    forward = _OtherShard([f64(x1).sum(0), (f64(x1) ** 2).sum(0)])
+    run(lambda t: _batchnorm.batchnorm_forward_train(t, dev(x0), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv,
+                                                     momentum, eps, collectives=forward))
+    check("y", y, y_ref[:m], "fp16")
+    for label, got, expected in [("mean", mean, mean_ref), ("invstd", invstd, invstd_ref),
+                                 ("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
+        check(label, got, expected, "stats")
+    xhat1 = (f64(x1) - mean_ref) * invstd_ref
+    backward = _OtherShard([(f64(dy1) * xhat1).sum(0), f64(dy1).sum(0)])   # dgamma's sums, then dbeta's
+    dx, dgamma, dbeta = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32)
+    run(lambda t: _batchnorm.batchnorm_backward(t, dev(x0), dev(gamma), dev(mean_ref.astype(np.float32)),
+                                                dev(invstd_ref.astype(np.float32)), dev(dy0), dx, dgamma, dbeta, False,
+                                                collectives=backward))
+    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(both), f64(gamma), mean_ref, invstd_ref, f64(dy_both))
+    check("dx", dx, dx_ref[:m], "fp16")
+    check("dgamma", dgamma, dgamma_ref / 2, "stats")   # the gradient all-reduce averages it with the other's
+    check("dbeta", dbeta, dbeta_ref / 2, "stats")
+    assert forward.others == backward.others == [], "every all-reduce ran once"
 
 
 # ---------------------------------------------------------------------------- pooling
@@ -423,6 +470,7 @@ CASES = [
     pytest.param(case_batchnorm_eval, {}, id="bn-eval-relu"),
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
+    pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
     pytest.param(case_maxpool, dict(k=3, s=2, p=1), id="maxpool-3-2-1"),
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
     pytest.param(case_avgpool, {}, id="avgpool"),
