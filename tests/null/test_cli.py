@@ -177,7 +177,7 @@ ERRORS = [
     (["plan", "resnet20", "--input-shape", "32,x,3"], "--input-shape: expected H,W,C"),
     (["plan", "resnet20", "--input-shape", "0,32,3"], "--input-shape: expected H,W,C"),
     (["plan", "resnet20", "--batch", "0"], "--batch: expected a positive int"),
-    (["plan", "resnet20", "--fuse"], "needs amp=True"),
+    (["plan", "resnet20", "--fuse"], "--fuse needs --amp: the fused kernels are fp16-only; add --amp"),
     (["plan", "small_cnn", "--input-shape", "1,1,1"], "seq[1].cbrp.maxpool: maxpool with kernel 2x2"),
     (["plan", "{net}:missing", "--input-shape", "8,8,3"], "has no attribute 'missing'; BluePrints it defines: bp"),
     (["plan", "{net}:layer", "--input-shape", "8,8,3"], "wrap the layer as BluePrint(layer)"),
