@@ -229,3 +229,18 @@ def test_python_dash_m_blueprint_help():
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage: blueprint" in done.stdout and "plan" in done.stdout
+
+
+WITHOUT_NUMBA_CUDA = ("import sys\n"
+                      "sys.modules['numba_cuda'] = None   # as where only numba (with its own numba.cuda) is installed\n"
+                      "from blueprint._cli import main\n"
+                      "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
+    done = subprocess.run([sys.executable, "-c", WITHOUT_NUMBA_CUDA, "train", "--device", "cuda", "--epochs", "1",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "needs the numba-cuda package, which is not installed: pip install 'blueprint-nn[cuda]'" in done.stderr
+    assert not (tmp_path / "run").exists()
