@@ -170,8 +170,9 @@ def _check_cuda() -> None:
     try:
         from cuda_kernels import cuda_unavailable_reason
     except ImportError as error:
-        raise CliError(f"--device cuda needs numba-cuda ({error}); pip install 'blueprint-nn[cuda]', "
-                       f"or train on the CPU with --device cpu") from error
+        fix = "" if "blueprint-nn[cuda]" in str(error) else "; pip install 'blueprint-nn[cuda]'"
+        raise CliError(f"--device cuda needs numba-cuda ({error}){fix}, or train on the CPU with --device cpu") \
+            from error
     why = cuda_unavailable_reason()
     if why:
         raise CliError(f"--device cuda: {why.split(';')[0]}; train on the CPU with --device cpu (or set "

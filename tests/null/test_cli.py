@@ -242,5 +242,7 @@ def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
                            "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert "needs the numba-cuda package, which is not installed: pip install 'blueprint-nn[cuda]'" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --device cuda needs numba-cuda (numba-cuda is not installed") and \
+        "pip install 'blueprint-nn[cuda]'" in last
     assert not (tmp_path / "run").exists()
