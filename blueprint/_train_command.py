@@ -135,6 +135,7 @@ def run_train(args) -> int:
         try:
             if args.resume:
                 task = task.resume(args.resume)
+                _check_epochs_left(task, args)
             history = task.fit()
         except KeyboardInterrupt:
             if _modified(saved) not in (None, earlier):
@@ -163,6 +164,15 @@ def run_train(args) -> int:
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
+
+
+def _check_epochs_left(task, args) -> None:
+    """`--epochs` is the total: resuming a checkpoint that has done as many trains nothing, so say so."""
+    done = task.session().epochs_done
+    if args.epochs <= done:
+        raise CliError(f"--resume {args.resume} has done {done} epochs and --epochs {args.epochs} is the total, "
+                       f"counted from the start of the run, so there is nothing to train; pass --epochs {done + 1} "
+                       "or more")
 
 
 def _check_cuda() -> None:
