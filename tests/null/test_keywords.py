@@ -100,3 +100,10 @@ def test_device_accepts_cuda_0_and_refuses_other_indices():
         DeepLearningTask().device("cuda:1")
     with pytest.raises(ConfigError, match=r"expected one of \('cpu', 'cuda'\)"):
         DeepLearningTask().device("gpu")
+
+
+@pytest.mark.parametrize("given, found", [(("x", "y"), "tuple"), ([[0]], "list")])
+def test_data_given_raw_arrays_says_to_wrap_them(given, found):
+    with pytest.raises(TypeError, match=rf"data\(train=...\): expected an ArrayDataset, got {found}; wrap images "
+                                        r"\(N, H, W, C\) and labels \(N,\) as ArrayDataset\(x, y\)"):
+        DeepLearningTask().data(train=given, batch_size=8)
