@@ -295,7 +295,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         labels_seen = max(self.train_set.num_classes, self.val_set.num_classes if self.val_set is not None else 0)
         if labels_seen > classes:
             raise ConfigError(f"the data has {labels_seen} classes but the model outputs {classes} logits; "
-                              f"build the model with num_classes={labels_seen}")
+                              f"end the model with fc({labels_seen}) (a zoo model: build it with "
+                              f"num_classes={labels_seen})")
         return plan
 
     def _executor(self, plan):
