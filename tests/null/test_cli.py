@@ -13,6 +13,7 @@ import pytest
 import planner
 from blueprint import __version__, zoo
 from blueprint._cli import main
+from blueprint._model_source import CliError
 from planner import _build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,3 +247,21 @@ def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
     assert last.startswith("error: --device cuda needs numba-cuda (numba-cuda is not installed") and \
         "pip install 'blueprint-nn[cuda]'" in last
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "2", "--batch-size", "33"],
+     "--batch-size 33 is the global batch and does not divide over the 2 workers (--nproc-per-node 2 x --nnodes 1); "
+     "pass a multiple of 2, e.g. --batch-size 32"),
+    (["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--batch-size", "4"],
+     "does not divide over the 8 workers (--nproc-per-node 4 x --nnodes 2); pass a multiple of 8, e.g. --batch-size 8"),
+])
+def test_a_global_batch_that_does_not_divide_over_the_workers_is_refused_before_launching(argv, message):
+    from blueprint._cli import build_parser
+    from blueprint._launch import launcher_arguments
+    args = build_parser().parse_args(["train", *argv])
+    with pytest.raises(CliError) as caught:
+        launcher_arguments(args, ["train"])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    args = build_parser().parse_args(["train", *argv[:-1], "8"])   # a multiple of the workers launches
+    assert launcher_arguments(args, ["train"])[:2] == ["--nproc-per-node", argv[1]]
