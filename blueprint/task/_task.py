@@ -121,9 +121,9 @@ class DeepLearningTask(FitLoop, SaveResume):
              eval_batch_size: int | None = None, augment: Augment | None = None, normalize="auto") -> "DeepLearningTask":
         for name, value in (("train", train), ("val", val)):
             if value is not None and not isinstance(value, ArrayDataset):
-                raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got {type(value).__name__}; "
-                                f"wrap images (N, H, W, C) and labels (N,) as ArrayDataset(x, y) (from "
-                                f"blueprint.task.data)")
+                raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got "
+                                f"{type(value).__name__}; wrap images (N, H, W, C) and labels (N,) as "
+                                f"ArrayDataset(x, y) (from blueprint.task.data)")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"DeepLearningTask.data({name}=...): expected a positive int, got {value!r}")

@@ -233,7 +233,7 @@ def test_python_dash_m_blueprint_help():
 
 
 WITHOUT_NUMBA_CUDA = ("import sys\n"
-                      "sys.modules['numba_cuda'] = None   # as where only numba (with its own numba.cuda) is installed\n"
+                      "sys.modules['numba_cuda'] = None   # as where numba alone (its own numba.cuda) is installed\n"
                       "from blueprint._cli import main\n"
                       "sys.exit(main(sys.argv[1:]))\n")
 
