@@ -160,7 +160,7 @@ def run_train(args) -> int:
               f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")
         print(f"checkpoint {checkpoint}, history {out / 'history.jsonl'} (run {run_id})"
               + (f", plot {plot}" if plot else ""))
-    if plot is None:
+    if plot is None and not (args.quiet or args.json):
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
