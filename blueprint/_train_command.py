@@ -76,10 +76,11 @@ def load_data(spec: str):
     if spec == "synthetic":
         train_size, val_size = SYNTHETIC_SIZES
         return synthetic(train_size, seed=0, draw=0), synthetic(val_size, seed=0, draw=1), "synthetic"
-    if spec.startswith("cifar10:"):
+    if spec.startswith("cifar10:") and spec != "cifar10:":
         train, test = cifar10(spec.split(":", 1)[1])
         return train, test, "cifar10"
-    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}")
+    fix = "; name the folder of the binary CIFAR-10 files after the colon" if spec.startswith("cifar10") else ""
+    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}{fix}")
 
 
 def build_task(args, train, val, data_name: str) -> DeepLearningTask:

@@ -194,6 +194,8 @@ ERRORS = [
     (["plan", "{factories}:unknown_zoo_name", "--input-shape", "8,8,3"],
      "unknown_zoo_name() raised UnknownModelError: unknown zoo model 'resnet21'; known models: small_cnn, mlp"),
     (["plan", "{factories}:key_error", "--input-shape", "8,8,3"], "key_error() raised KeyError: 'depth'"),
+    (["train", "--data", "cifar10"], "got 'cifar10'; name the folder of the binary CIFAR-10 files after the colon"),
+    (["train", "--data", "cifar10:"], "got 'cifar10:'; name the folder of the binary CIFAR-10 files after the colon"),
 ]
 FACTORIES = """
     from blueprint import zoo
