@@ -111,6 +111,9 @@ def add_plan_command(subparsers) -> None:
 
 
 def run_plan(args) -> int:
+    if args.fuse and not args.amp:
+        raise CliError("--fuse needs --amp: the fused kernels are fp16-only; add --amp, or drop --fuse for the fp32 "
+                       "reference plan")
     bp, input_shape = load_model(args.model, args.input_shape)
     plan = compile_plan(bp, input_shape, args.batch, args.eval_batch or args.batch, args.fuse, args.amp)
     report = plan_report(plan)

@@ -48,6 +48,11 @@ def launcher_arguments(args, worker_argv: list[str]) -> list[str]:
              ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id])
     if args.rdzv_endpoint is None and args.nnodes != "1":
         raise CliError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every machine)")
+    workers = args.nproc_per_node * int(args.nnodes) if args.nnodes.isdigit() else None   # not an elastic "1:4"
+    if workers and args.batch_size % workers:
+        raise CliError(f"--batch-size {args.batch_size} is the global batch and does not divide over the {workers} "
+                       f"workers (--nproc-per-node {args.nproc_per_node} x --nnodes {args.nnodes}); pass a multiple "
+                       f"of {workers}, e.g. --batch-size {max(workers, args.batch_size - args.batch_size % workers)}")
     return ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", args.nnodes, *where,
             "--module", "blueprint", *worker_argv]
 

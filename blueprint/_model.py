@@ -101,6 +101,9 @@ class InputSpec:
         expected = f"(N, {h}, {w}, {c}) {self.layout} {self.dtype}"
         if x.ndim == 3 and x.shape == self.sample_shape:
             raise ValueError(f"{where}: got one sample {x.shape}; expected a batch {expected}. Pass x[None]")
+        if c == 1 and x.ndim in (2, 3) and x.shape[-2:] == (h, w):   # grayscale images without their channel axis
+            fix = "x[..., None]" if x.ndim == 3 else "x[None, ..., None]"
+            raise ValueError(f"{where}: got {x.shape}, without the channel axis; expected {expected}. Pass {fix}")
         if x.ndim != 4:
             raise ValueError(f"{where}: expected {expected}, got shape {x.shape}")
         if x.shape[1:] != self.sample_shape:

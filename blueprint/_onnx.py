@@ -216,8 +216,8 @@ def build_onnx(model, batch: int | None = None):
 
 def export_onnx(model, path, batch: int | None = None) -> Path:
     """Write ``model``'s eval graph to ``path`` (see the module docstring for the boundary)."""
+    proto = build_onnx(model, batch)   # first: it says which extra to install when onnx is missing
     import onnx
-    proto = build_onnx(model, batch)
     path = Path(path)
     onnx.save(proto, str(path))
     return path

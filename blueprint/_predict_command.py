@@ -71,9 +71,10 @@ def run_export(args) -> int:
     except ImportError as error:    # the onnx package is an optional extra
         raise CliError(str(error)) from error
     spec = model.spec
-    print(f"wrote {path}: input 'input' float32 NCHW (N, {spec.sample_shape[2]}, {spec.sample_shape[0]}, "
+    n = "N" if args.batch is None else args.batch
+    print(f"wrote {path}: input 'input' float32 NCHW ({n}, {spec.sample_shape[2]}, {spec.sample_shape[0]}, "
           f"{spec.sample_shape[1]}), normalised with mean {spec.mean} std {spec.std}"
-          f"{' after /255' if spec.dtype == 'uint8' else ''}; output 'logits' (N, {model.classes})")
+          f"{' after /255' if spec.dtype == 'uint8' else ''}; output 'logits' ({n}, {model.classes})")
     return 0
 
 

@@ -76,10 +76,11 @@ def load_data(spec: str):
     if spec == "synthetic":
         train_size, val_size = SYNTHETIC_SIZES
         return synthetic(train_size, seed=0, draw=0), synthetic(val_size, seed=0, draw=1), "synthetic"
-    if spec.startswith("cifar10:"):
+    if spec.startswith("cifar10:") and spec != "cifar10:":
         train, test = cifar10(spec.split(":", 1)[1])
         return train, test, "cifar10"
-    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}")
+    fix = "; name the folder of the binary CIFAR-10 files after the colon" if spec.startswith("cifar10") else ""
+    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}{fix}")
 
 
 def build_task(args, train, val, data_name: str) -> DeepLearningTask:
@@ -135,6 +136,7 @@ def run_train(args) -> int:
         try:
             if args.resume:
                 task = task.resume(args.resume)
+                _check_epochs_left(task, args)
             history = task.fit()
         except KeyboardInterrupt:
             if _modified(saved) not in (None, earlier):
@@ -159,10 +161,19 @@ def run_train(args) -> int:
               f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")
         print(f"checkpoint {checkpoint}, history {out / 'history.jsonl'} (run {run_id})"
               + (f", plot {plot}" if plot else ""))
-    if plot is None:
+    if plot is None and not (args.quiet or args.json):
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
+
+
+def _check_epochs_left(task, args) -> None:
+    """`--epochs` is the total: resuming a checkpoint that has done as many trains nothing, so say so."""
+    done = task.session().epochs_done
+    if args.epochs <= done:
+        raise CliError(f"--resume {args.resume} has done {done} epochs and --epochs {args.epochs} is the total, "
+                       f"counted from the start of the run, so there is nothing to train; pass --epochs {done + 1} "
+                       "or more")
 
 
 def _check_cuda() -> None:
@@ -170,8 +181,9 @@ def _check_cuda() -> None:
     try:
         from cuda_kernels import cuda_unavailable_reason
     except ImportError as error:
-        raise CliError(f"--device cuda needs numba-cuda ({error}); pip install 'blueprint-nn[cuda]', "
-                       f"or train on the CPU with --device cpu") from error
+        fix = "" if "blueprint-nn[cuda]" in str(error) else "; pip install 'blueprint-nn[cuda]'"
+        raise CliError(f"--device cuda needs numba-cuda ({error}){fix}, or train on the CPU with --device cpu") \
+            from error
     why = cuda_unavailable_reason()
     if why:
         raise CliError(f"--device cuda: {why.split(';')[0]}; train on the CPU with --device cpu (or set "

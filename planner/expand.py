@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from blueprint._layer import BluePrint
+from blueprint._layer import BluePrint, Layer
 from planner._arch import NETWORK_INPUT, ArchLayer, ArchPlan
 from planner._build import load
 from planner._expand_error import ExpandError
@@ -193,7 +193,8 @@ def arch_plan_from_blueprint(bp: BluePrint, in_channels: int = 3, fuse: bool = F
     ['conv', 'bn2d', 'relu']
     """
     if not isinstance(bp, BluePrint):
-        raise TypeError(f"ArchPlan.from_blueprint(bp): expected a BluePrint, got {type(bp).__name__}")
+        fix = "; wrap the layer as BluePrint(layer)" if isinstance(bp, Layer) else ", e.g. BluePrint(seq(...))"
+        raise TypeError(f"ArchPlan.from_blueprint(bp): expected a BluePrint, got {type(bp).__name__}{fix}")
     if bp.empty:
         raise ValueError("ArchPlan.from_blueprint(bp): the BluePrint is empty; build one with BluePrint(seq(...))")
     if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:

@@ -208,6 +208,11 @@ def _fsync_folder(folder: Path) -> None:
 def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
     """Read a file written by :func:`save_checkpoint`: ``(tensors, state)``."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.safetensors"))
+        raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file; pass a file in it"
+                                + (f" ({', '.join(str(path / name) for name in inside)})" if inside else
+                                   ", e.g. a run folder's checkpoint.safetensors (this folder has none)"))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist. Check the path, or train first to create it.")
     try:

@@ -121,7 +121,9 @@ class DeepLearningTask(FitLoop, SaveResume):
              eval_batch_size: int | None = None, augment: Augment | None = None, normalize="auto") -> "DeepLearningTask":
         for name, value in (("train", train), ("val", val)):
             if value is not None and not isinstance(value, ArrayDataset):
-                raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got {type(value).__name__}")
+                raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got "
+                                f"{type(value).__name__}; wrap images (N, H, W, C) and labels (N,) as "
+                                f"ArrayDataset(x, y) (from blueprint.task.data)")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"DeepLearningTask.data({name}=...): expected a positive int, got {value!r}")
@@ -293,7 +295,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         labels_seen = max(self.train_set.num_classes, self.val_set.num_classes if self.val_set is not None else 0)
         if labels_seen > classes:
             raise ConfigError(f"the data has {labels_seen} classes but the model outputs {classes} logits; "
-                              f"build the model with num_classes={labels_seen}")
+                              f"end the model with fc({labels_seen}) (a zoo model: build it with "
+                              f"num_classes={labels_seen})")
         return plan
 
     def _executor(self, plan):
@@ -301,7 +304,8 @@ class DeepLearningTask(FitLoop, SaveResume):
             try:
                 from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
             except ImportError as error:
-                raise ConfigError(f"device('cuda') needs numba-cuda: pip install 'blueprint-nn[cuda]' ({error})") from error
+                fix = "" if "blueprint-nn[cuda]" in str(error) else ": pip install 'blueprint-nn[cuda]'"
+                raise ConfigError(f"device('cuda') needs numba-cuda{fix} ({error})") from error
             place_replica(self.distributed_config)   # a replica's own GPU (LOCAL_RANK), before the arena exists
             executor = CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)
         else:

@@ -67,7 +67,8 @@ def run(line, capsys):
 
 
 def test_readmes_commands_and_calls(workdir, capsys, monkeypatch):
-    pytest.importorskip("onnx", reason="onnx not installed: README's export needs pip install 'blueprint-nn[onnx]'")
+    onnx = pytest.importorskip("onnx",
+                               reason="onnx not installed: README's export needs pip install 'blueprint-nn[onnx]'")
     monkeypatch.chdir(workdir)
     train, predict_text, predict_json, export = COMMANDS.splitlines()
     assert run(train, capsys)[0] == 0
@@ -103,6 +104,10 @@ def test_readmes_commands_and_calls(workdir, capsys, monkeypatch):
     Path("small_cnn.onnx").unlink()
     status, out, _ = run(export, capsys)
     assert status == 0 and Path("small_cnn.onnx").is_file() and "NCHW (N, 1, 8, 8)" in out
+    status, out, _ = run(export.replace("small_cnn.onnx", "small_cnn_8.onnx") + " --batch 8", capsys)
+    assert status == 0 and "NCHW (8, 1, 8, 8)" in out and "output 'logits' (8, 10)" in out
+    dims = onnx.load("small_cnn_8.onnx").graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_value for d in dims] == [8, 1, 8, 8]
 
 
 PREDICT_ERRORS = [   # (file, what it holds, the message's fix)

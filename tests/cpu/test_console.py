@@ -2,6 +2,7 @@
 redrawn per batch only on a terminal, a one-time compile notice, nothing with --quiet."""
 import io
 import re
+import sys
 
 import numba
 import pytest
@@ -87,9 +88,13 @@ def test_the_epoch_line_names_the_compile_time_it_left_out():
 
 
 @pytest.mark.parametrize("flags, expect_lines", [([], 1), (["--quiet"], 0)])
-def test_cli_train_prints_epoch_lines_unless_quiet(tmp_path, capsys, flags, expect_lines):
+def test_cli_train_prints_epoch_lines_unless_quiet(tmp_path, capsys, monkeypatch, flags, expect_lines):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # no plot: its notice is printed unless --quiet
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "run")] + flags) == 0
     out, err = capsys.readouterr()
     assert len([line for line in err.splitlines() if EPOCH_LINE.match(line)]) == expect_lines
     assert "trained small_cnn on digits: 1 epochs" in out and "\r" not in err
     assert (COMPILE_NOTICE in err) <= (not flags)        # --quiet: no notice either
+    assert ("notice: matplotlib is not installed" in err) == (not flags)
+    if flags:
+        assert err == "", "--quiet writes nothing to stderr"

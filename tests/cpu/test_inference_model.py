@@ -88,6 +88,8 @@ FLOAT_SPEC = InputSpec((4, 4, 3), "float32", mean=(0.5, 0.5, 0.5), std=(0.25, 0.
                        low=(0.0, 0.0, 0.0), high=(1.0, 1.0, 1.0))
 UINT8_SPEC = InputSpec((4, 4, 3), "uint8", mean=0.5, std=0.25)
 GOOD = np.random.default_rng(0).random((2, 4, 4, 3)).astype(np.float32)
+GRAY_SPEC = InputSpec((4, 4, 1), "uint8", mean=0.5, std=0.25)
+GRAY = (GOOD[..., :1] * 255).astype(np.uint8)
 REFUSALS = [   # (spec, input, error, message, the input the message says to pass)
     ("NCHW", UINT8_SPEC, (GOOD * 255).astype(np.uint8).transpose(0, 3, 1, 2), ValueError,
      r"which is NCHW.*x\.transpose\(0, 2, 3, 1\)", lambda x: x.transpose(0, 2, 3, 1)),
@@ -98,6 +100,10 @@ REFUSALS = [   # (spec, input, error, message, the input the message says to pas
     ("float64", FLOAT_SPEC, GOOD.astype(np.float64), TypeError, r"x\.astype\(np\.float32\)",
      lambda x: x.astype(np.float32)),
     ("one sample", FLOAT_SPEC, GOOD[0], ValueError, r"Pass x\[None\]", lambda x: x[None]),
+    ("grayscale without C", GRAY_SPEC, GRAY[..., 0], ValueError, r"without the channel axis.*Pass x\[\.\.\., None\]$",
+     lambda x: x[..., None]),
+    ("one grayscale sample without C", GRAY_SPEC, GRAY[0, ..., 0], ValueError, r"Pass x\[None, \.\.\., None\]$",
+     lambda x: x[None, ..., None]),
 ]
 
 

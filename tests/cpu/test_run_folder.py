@@ -82,6 +82,20 @@ def test_resume_with_another_optimizer_is_refused_and_changes_nothing(tmp_path, 
     assert [r["epoch"] for r in _history(out)] == [1, 2]
 
 
+def test_resume_with_no_epochs_left_is_refused_and_changes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(QUICK[:2] + ["2"] + QUICK[3:] + ["--out", str(out)]) == 0
+    before = _snapshot(out)
+    checkpoint = out / "checkpoint.safetensors"
+    for epochs in ("1", "2"):   # --epochs is the total: neither trains anything
+        capsys.readouterr()
+        assert main(QUICK[:2] + [epochs] + QUICK[3:] + ["--out", str(out), "--resume", str(checkpoint)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert "\n" not in error and f"has done 2 epochs and --epochs {epochs} is the total" in error
+        assert "pass --epochs 3 or more" in error
+        assert _snapshot(out) == before
+
+
 def test_ctrl_c_of_a_real_run_then_resume_matches_a_straight_run(tmp_path):
     """SIGINT to a `blueprint train` process mid-run (after its first epoch): exit 130, the interrupt
     checkpoint beside the epoch checkpoint, and --resume ends bit-identical to a run never stopped."""

@@ -211,6 +211,21 @@ BAD_FILES = [
 ]
 
 
+@pytest.mark.parametrize("files, fragment", [
+    (["checkpoint.safetensors", "history.jsonl"],
+     "is a folder, not a checkpoint file; pass a file in it ({run}/checkpoint.safetensors)"),
+    ([], "is a folder, not a checkpoint file; pass a file in it, e.g. a run folder's checkpoint.safetensors"),
+])
+def test_a_run_folder_given_as_the_checkpoint_names_the_files_in_it(tmp_path, files, fragment):
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in files:
+        (run / name).write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as info:
+        load_checkpoint(run)
+    assert fragment.format(run=run) in str(info.value)
+
+
 @pytest.mark.parametrize("make, error, fragment", BAD_FILES, ids=[b[2] for b in BAD_FILES])
 def test_bad_files_raise_clear_errors(tmp_path, make, error, fragment):
     path = tmp_path / "c.safetensors"

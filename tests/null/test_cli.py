@@ -13,6 +13,7 @@ import pytest
 import planner
 from blueprint import __version__, zoo
 from blueprint._cli import main
+from blueprint._model_source import CliError
 from planner import _build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,7 +178,7 @@ ERRORS = [
     (["plan", "resnet20", "--input-shape", "32,x,3"], "--input-shape: expected H,W,C"),
     (["plan", "resnet20", "--input-shape", "0,32,3"], "--input-shape: expected H,W,C"),
     (["plan", "resnet20", "--batch", "0"], "--batch: expected a positive int"),
-    (["plan", "resnet20", "--fuse"], "needs amp=True"),
+    (["plan", "resnet20", "--fuse"], "--fuse needs --amp: the fused kernels are fp16-only; add --amp"),
     (["plan", "small_cnn", "--input-shape", "1,1,1"], "seq[1].cbrp.maxpool: maxpool with kernel 2x2"),
     (["plan", "{net}:missing", "--input-shape", "8,8,3"], "has no attribute 'missing'; BluePrints it defines: bp"),
     (["plan", "{net}:layer", "--input-shape", "8,8,3"], "wrap the layer as BluePrint(layer)"),
@@ -193,6 +194,8 @@ ERRORS = [
     (["plan", "{factories}:unknown_zoo_name", "--input-shape", "8,8,3"],
      "unknown_zoo_name() raised UnknownModelError: unknown zoo model 'resnet21'; known models: small_cnn, mlp"),
     (["plan", "{factories}:key_error", "--input-shape", "8,8,3"], "key_error() raised KeyError: 'depth'"),
+    (["train", "--data", "cifar10"], "got 'cifar10'; name the folder of the binary CIFAR-10 files after the colon"),
+    (["train", "--data", "cifar10:"], "got 'cifar10:'; name the folder of the binary CIFAR-10 files after the colon"),
 ]
 FACTORIES = """
     from blueprint import zoo
@@ -229,3 +232,38 @@ def test_python_dash_m_blueprint_help():
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage: blueprint" in done.stdout and "plan" in done.stdout
+
+
+WITHOUT_NUMBA_CUDA = ("import sys\n"
+                      "sys.modules['numba_cuda'] = None   # as where numba alone (its own numba.cuda) is installed\n"
+                      "from blueprint._cli import main\n"
+                      "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
+    done = subprocess.run([sys.executable, "-c", WITHOUT_NUMBA_CUDA, "train", "--device", "cuda", "--epochs", "1",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --device cuda needs numba-cuda (numba-cuda is not installed") and \
+        "pip install 'blueprint-nn[cuda]'" in last
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "2", "--batch-size", "33"],
+     "--batch-size 33 is the global batch and does not divide over the 2 workers (--nproc-per-node 2 x --nnodes 1); "
+     "pass a multiple of 2, e.g. --batch-size 32"),
+    (["--nproc-per-node", "4", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--batch-size", "4"],
+     "does not divide over the 8 workers (--nproc-per-node 4 x --nnodes 2); pass a multiple of 8, e.g. --batch-size 8"),
+])
+def test_a_global_batch_that_does_not_divide_over_the_workers_is_refused_before_launching(argv, message):
+    from blueprint._cli import build_parser
+    from blueprint._launch import launcher_arguments
+    args = build_parser().parse_args(["train", *argv])
+    with pytest.raises(CliError) as caught:
+        launcher_arguments(args, ["train"])
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    args = build_parser().parse_args(["train", *argv[:-1], "8"])   # a multiple of the workers launches
+    assert launcher_arguments(args, ["train"])[:2] == ["--nproc-per-node", argv[1]]

@@ -100,3 +100,23 @@ def test_device_accepts_cuda_0_and_refuses_other_indices():
         DeepLearningTask().device("cuda:1")
     with pytest.raises(ConfigError, match=r"expected one of \('cpu', 'cuda'\)"):
         DeepLearningTask().device("gpu")
+
+
+@pytest.mark.parametrize("given, found", [(("x", "y"), "tuple"), ([[0]], "list")])
+def test_data_given_raw_arrays_says_to_wrap_them(given, found):
+    with pytest.raises(TypeError, match=rf"data\(train=...\): expected an ArrayDataset, got {found}; wrap images "
+                                        r"\(N, H, W, C\) and labels \(N,\) as ArrayDataset\(x, y\)"):
+        DeepLearningTask().data(train=given, batch_size=8)
+
+
+def test_too_few_logits_for_the_labels_names_the_fc_to_end_with():
+    import numpy as np
+
+    from blueprint import BluePrint, conv, fc, gap, seq
+    from blueprint.task.data import ArrayDataset
+
+    data = ArrayDataset(np.zeros((6, 4, 4, 1), np.float32), np.arange(6) % 3)
+    task = DeepLearningTask().model(BluePrint(seq(conv(4, 3, 1, 1), gap(), fc(2)))).data(train=data, batch_size=2)
+    with pytest.raises(ConfigError, match=r"the data has 3 classes but the model outputs 2 logits; end the model "
+                                          r"with fc\(3\) \(a zoo model: build it with num_classes=3\)"):
+        task._compile()

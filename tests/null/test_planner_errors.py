@@ -72,8 +72,10 @@ def test_each_bad_model_is_fixed_by_the_change_its_message_suggests():
 
 def test_from_blueprint_and_compile_check_their_arguments():
     bp = BluePrint(seq(conv(8, 3, 1, 1), gap(), fc(2)))
-    with pytest.raises(TypeError, match="expected a BluePrint"):
+    with pytest.raises(TypeError, match=r"expected a BluePrint, got Layer; wrap the layer as BluePrint\(layer\)"):
         ArchPlan.from_blueprint(bp.root)
+    with pytest.raises(TypeError, match=r"expected a BluePrint, got list, e.g. BluePrint\(seq\(...\)\)"):
+        ArchPlan.from_blueprint([conv(8, 3)])
     with pytest.raises(ValueError, match="the BluePrint is empty"):
         ArchPlan.from_blueprint(BluePrint())
     with pytest.raises(ValueError, match="expected a positive int"):
