@@ -6,6 +6,10 @@
   is simply taken over by the next one.
 - **History.** Each run appends to ``OUT/history.jsonl``, one JSON object per epoch with a
   ``run`` id (UTC start time, pid, random tag); earlier runs' lines are never rewritten.
+- **Earlier checkpoints kept.** A fresh run (not ``--resume``) into a folder holding an earlier
+  run's ``checkpoint.safetensors`` / ``checkpoint.interrupted.safetensors`` keeps each under a
+  second name with its UTC modification time (``checkpoint.20261203T181502Z.safetensors``) once
+  this run has replaced it (``keep_earlier``), and says so.
 - **Nothing left behind.** On exit the lock file is removed, and folders the run created are
   removed again if it wrote nothing into them (a run that fails before its first step leaves
   the file system as it found it).
@@ -16,6 +20,7 @@ import fcntl
 import json
 import os
 import secrets
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,3 +93,42 @@ def append_history(folder: Path, run_id: str, record: dict) -> None:
     """One epoch's line, tagged with the run; appended, never truncating earlier runs."""
     with open(Path(folder) / HISTORY_NAME, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"run": run_id, **record}) + "\n")
+
+
+@contextmanager
+def keep_earlier(paths):
+    """Give each existing file of ``paths`` (an earlier run's checkpoints, which a fresh run would replace)
+    a second name, ``NAME.<its UTC modification time>.safetensors``, for the ``with`` block; yields the list
+    of names kept. A second name that still points at the unchanged file on exit (this run replaced
+    nothing) is removed again, so a run that wrote no checkpoint leaves the folder as it found it."""
+    links = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            continue
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime))
+        kept = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+        for n in range(2, 1000):
+            if not kept.exists():
+                break
+            kept = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
+        try:
+            os.link(path, kept)          # a second name: no copy, the atomic save replaces only the first
+        except OSError:                  # a file system without hard links
+            shutil.copy2(path, kept)
+        links.append((path, kept))
+    kept_names = []
+    try:
+        yield kept_names
+    finally:
+        for path, kept in links:
+            if path.exists() and _same_content(path, kept):
+                kept.unlink(missing_ok=True)
+            else:
+                kept_names.append(kept)
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    sa, sb = a.stat(), b.stat()
+    if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
+        return True
+    return (sa.st_size, sa.st_mtime_ns) == (sb.st_size, sb.st_mtime_ns) and a.read_bytes() == b.read_bytes()

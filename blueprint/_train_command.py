@@ -17,7 +17,7 @@ from pathlib import Path
 from blueprint import zoo
 from blueprint._launch import add_launch_arguments, in_torchrun_worker, launch_workers
 from blueprint._model_source import CliError, load_model
-from blueprint._run_folder import append_history, new_run_id, run_folder
+from blueprint._run_folder import append_history, keep_earlier, new_run_id, run_folder
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
 from blueprint.task._position import interrupt_path
@@ -128,32 +128,23 @@ def run_train(args) -> int:
     out = Path(args.out or f"runs/{Path(args.model.split(':')[0]).stem}-{data_name}")
     checkpoint = out / CHECKPOINT_NAME
     run_id = new_run_id()
+    kept = []
     with run_folder(out):
         saved = interrupt_path(checkpoint)
         earlier = _modified(saved)             # an interrupt file of an earlier run is not this run's
-        task = task.checkpoint(checkpoint).callback(lambda record: append_history(out, run_id, record.as_dict()))
-        start = time.perf_counter()
         try:
-            if args.resume:
-                task = task.resume(args.resume)
-                _check_epochs_left(task, args)
-            history = task.fit()
-        except KeyboardInterrupt:
-            if _modified(saved) not in (None, earlier):
-                print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
-                      f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
-            else:
-                resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
-                print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
-                      f"second Ctrl-C){resume}", file=sys.stderr)
+            with keep_earlier([] if args.resume else [checkpoint, saved]) as kept:
+                outcome = _fit(task, args, out, checkpoint, saved, earlier, run_id)
+        finally:
+            _say_kept(kept, args)
+        if outcome == 130:
             return 130
-        seconds = time.perf_counter() - start
-        plot = _plot(history, out / "curves.png")
+        history, seconds, plot = outcome
     last = history[-1]
     train_seconds = sum(len(train) / r.images_per_second for r in history)
     metrics = {"val_accuracy": last.val_accuracy, "val_loss": last.val_loss, "epochs": last.epoch,
                "seconds": round(seconds, 3), "images_per_second": round(len(train) * len(history) / train_seconds, 1),
-               "checkpoint": str(checkpoint), "run": run_id}
+               "checkpoint": str(checkpoint), "run": run_id, "kept": [str(k) for k in kept]}
     if args.json:
         print(json.dumps(metrics))
     else:
@@ -165,6 +156,36 @@ def run_train(args) -> int:
         print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
               file=sys.stderr)
     return 0
+
+
+def _fit(task, args, out, checkpoint, saved, earlier, run_id):
+    """Train into the locked run folder: (history, seconds, plot), or 130 after Ctrl-C."""
+    task = task.checkpoint(checkpoint).callback(lambda record: append_history(out, run_id, record.as_dict()))
+    start = time.perf_counter()
+    try:
+        if args.resume:
+            task = task.resume(args.resume)
+            _check_epochs_left(task, args)
+        history = task.fit()
+    except KeyboardInterrupt:
+        if _modified(saved) not in (None, earlier):
+            print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
+                  f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
+        else:
+            resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
+            print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
+                  f"second Ctrl-C){resume}", file=sys.stderr)
+        return 130
+    seconds = time.perf_counter() - start
+    plot = _plot(history, out / "curves.png")
+    return history, seconds, plot
+
+
+def _say_kept(kept, args) -> None:
+    """Name the earlier run's checkpoints this run replaced, kept under their second names."""
+    if kept and not args.json:
+        print("this run replaced an earlier run's checkpoint; the earlier one is kept as "
+              + ", ".join(str(k) for k in kept), file=sys.stderr)
 
 
 def _check_epochs_left(task, args) -> None:

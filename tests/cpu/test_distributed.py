@@ -6,7 +6,7 @@ workers saved. Numerical comparisons are made one step at a time at identical pa
 side starts every step from the float64 reference's state rounded to float32) and judged
 against float32's own error on that step, exactly as tests/cpu/test_torch_parity.py does: our
 distance to the float64 reference may be at most FP32_MULTIPLE times PyTorch-float32's, plus
-FLOOR times the quantity's scale.
+FLOOR times the quantity's scale (tests/support/float32_error.py).
 """
 import os
 import re
@@ -27,12 +27,11 @@ from blueprint.distributed import Distributed, ShardedLoader, replica_seed, shar
 from blueprint.task import ConfigError, DeepLearningTask  # noqa: E402
 from blueprint.task._replica_task import check_world_size  # noqa: E402
 from blueprint.task.data import ArrayDataset, Augment, DataLoader  # noqa: E402
+from tests.support.float32_error import assert_like_float32  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "support" / "ddp_worker.py"
 WORLD = 2
-FP32_MULTIPLE = 16.0                          # as tests/cpu/test_torch_parity.py
-FLOOR = 8 * float(np.finfo(np.float32).eps)
 LAUNCH_TIMEOUT_S = 150                        # a whole launch; a hang fails the test instead of CI
 WORKER_TIMEOUT_S = 20.0                       # the workers' collective timeout (ddp_worker.TIMEOUT_S)
 STALL_TIMEOUT_S = 4.0                         # ddp_worker.STALL_TIMEOUT_S
@@ -72,14 +71,6 @@ def trained(tmp_path_factory):
     return {name: [np.load(out_dir / f"{name}-{r}.npz") for r in range(WORLD)] for name in ("steps", "resume")}
 
 
-def _assert_like_float32(label, ours, torch32, reference):
-    scale = np.abs(reference).max()
-    ours_error, float32_error = np.abs(ours - reference).max(), np.abs(torch32 - reference).max()
-    allowed = FP32_MULTIPLE * float32_error + FLOOR * max(scale, 1e-30)
-    assert ours_error <= allowed, (f"{label}: ours is {ours_error:.3g} from the float64 reference, PyTorch-float32 "
-                                   f"{float32_error:.3g} (allowed {allowed:.3g})")
-
-
 COMPARISONS = [
     # label in the worker, what it compares
     ("mlp", "an MLP without BN on 2 ranks vs one process on the full batch"),
@@ -94,7 +85,7 @@ def test_each_step_matches_the_reference_at_identical_parameters(trained, label,
         quantities = sorted({k.rsplit("/", 1)[0] for k in saved.files if k.startswith(label + "/")})
         assert any("/grad:" in q for q in quantities) and any("/after:" in q for q in quantities), quantities
         for q in quantities:
-            _assert_like_float32(f"{what}, rank {rank}, {q}", saved[q + "/ours"], saved[q + "/torch32"],
+            assert_like_float32(f"{what}, rank {rank}, {q}", saved[q + "/ours"], saved[q + "/torch32"],
                                  saved[q + "/reference"])
 
 

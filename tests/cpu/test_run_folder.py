@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,12 +40,21 @@ def test_a_dead_runs_lock_is_taken_over_and_runs_append_their_history(tmp_path, 
     (out / LOCK_NAME).write_text(dead.stdout)          # a killed run's lock file: its flock died with it
     assert main(QUICK + ["--out", str(out)]) == 0
     first = _history(out)
+    first_checkpoint = (out / "checkpoint.safetensors").read_bytes()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kept"] == []
     assert main(QUICK + ["--out", str(out)]) == 0
     both = _history(out)
     assert both[:len(first)] == first, "a new run rewrote the earlier history"
     assert len(both) == 2 and both[0]["run"] != both[1]["run"] and both[1]["epoch"] == 1
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run"] == both[1]["run"]
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["run"] == both[1]["run"]
     assert not (out / LOCK_NAME).exists()
+    # the second (fresh) run replaced checkpoint.safetensors: the first run's is kept under a second name
+    [kept] = [Path(k) for k in result["kept"]]
+    assert kept.parent == out and kept.name.startswith("checkpoint.") and kept.read_bytes() == first_checkpoint
+    assert (out / "checkpoint.safetensors").read_bytes() != first_checkpoint
+    assert main(QUICK + ["--out", str(out), "--epochs", "2", "--resume", str(out / "checkpoint.safetensors")]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["kept"] == [], "a resumed run is the same run"
 
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new folder", "folder of an earlier run"])
