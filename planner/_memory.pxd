@@ -33,3 +33,26 @@ cdef Py_ssize_t _upper_bound(Pool offsets, Py_ssize_t lo, Py_ssize_t hi, int64_t
 
 @cython.locals(j=Py_ssize_t)
 cdef void _shift(Pool values, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t by) noexcept
+
+@cython.locals(n=Py_ssize_t, slot=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, p=Py_ssize_t, k=Py_ssize_t, depth=Py_ssize_t,
+               nodes=int64_t, y=int64_t, top=int64_t, offset=Pool, end=Pool, remaining=Pool, above=Pool,
+               child_tensor=Pool, child_offset=Pool, n_children=Pool, cursor=Pool, chosen=Pool, floor=Pool, height=Pool)
+cdef int64_t _branch_and_bound(const int64_t[::1] size, const int64_t[::1] p0, const int64_t[::1] p1,
+                               const int64_t[::1] overlap, Py_ssize_t n_points, int64_t bound, int64_t budget,
+                               int64_t best_arena, int64_t[::1] best) except -1
+
+@cython.locals(n=Py_ssize_t, count=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, y=int64_t, following=int64_t)
+cdef Py_ssize_t _children(const int64_t[::1] size, const int64_t[::1] overlap, Pool offset, Pool end, int64_t floor,
+                          Py_ssize_t last, Pool child_tensor, Pool child_offset, Py_ssize_t at) noexcept
+
+@cython.locals(n=Py_ssize_t, j=Py_ssize_t, rests=cython.bint)
+cdef cython.bint _rests_and_fits(const int64_t[::1] size, const int64_t[::1] overlap, Pool offset, Pool end,
+                                 Py_ssize_t i, int64_t y) noexcept
+
+@cython.locals(n=Py_ssize_t, p=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, lower=int64_t, stranded=cython.bint)
+cdef int64_t _plan_bound(const int64_t[::1] p0, const int64_t[::1] p1, const int64_t[::1] overlap, Pool offset,
+                         Pool end, Pool remaining, Pool above, int64_t floor, int64_t top) noexcept
+
+@cython.locals(p=Py_ssize_t)
+cdef void _unplace(const int64_t[::1] size, const int64_t[::1] p0, const int64_t[::1] p1, Pool offset,
+                   Pool remaining, Py_ssize_t i) noexcept

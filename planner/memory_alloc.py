@@ -1,4 +1,5 @@
-"""The offset allocator for transient tensors: best fit in a few orders (greedy by size first), the smallest arena kept.
+"""The offset allocator for transient tensors: best fit in a few orders (greedy by size first), the smallest arena kept;
+on small problems still above the lower bound, an exact branch-and-bound search with a placement budget.
 
 ``assign_offsets(sizes, first, last, alignment=256) -> (offsets, arena_bytes)`` places
 every tensor (int64 byte sizes, inclusive int32 op-index lifetimes) in one arena so
