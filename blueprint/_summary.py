@@ -32,12 +32,22 @@ def compile_plan(bp, input_shape, batch: int, eval_batch: int, fuse: bool = Fals
     from planner.compiler import Compiler
 
     height, width, channels = input_shape
+    _refuse_channels_first(tuple(input_shape))
     arch = ArchPlan.from_blueprint(bp, in_channels=channels, fuse=fuse, amp=amp)
     plan = Compiler(arch).compile(variants={"train": (batch, height, width, channels),
                                             "eval": (eval_batch, height, width, channels)},
                                   training=True, optimizer_state_slots=optimizer_state_slots)
     plan.verify()
     return plan
+
+
+def _refuse_channels_first(sample) -> None:
+    """(3, 224, 224) or (1, 28, 28) is PyTorch's (C, H, W) of a square image, not an NHWC sample of 3 rows
+    and 224 channels: refuse it with the NHWC shape instead of planning a network nobody meant."""
+    height, width, channels = sample
+    if height in (1, 3, 4) and width == channels and width >= 8:
+        raise ValueError(f"input shape {sample} looks like PyTorch's (C, H, W); blueprint takes NHWC samples "
+                         f"(H, W, C): pass {(width, channels, height)}")
 
 
 def layer_rows(plan) -> list[dict]:

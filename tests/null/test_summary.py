@@ -71,10 +71,18 @@ def test_plan_depth_prints_the_summary_table(capsys):
     ({"input_shape": (3, 32, 32, 3, 1)}, r"expected \(H, W, C\) or \(N, H, W, C\)"),
     ({"input_shape": (32, 32, 0)}, r"found \(32, 32, 0\); pass e.g. \(224, 224, 3\)"),
     ({"input_shape": (32, 32, 3), "depth": 0}, r"expected an int >= 1, found 0; pass e.g. depth=2"),
+    ({"input_shape": (3, 32, 32)}, r"looks like PyTorch's \(C, H, W\); .* pass \(32, 32, 3\)"),
+    ({"input_shape": (2, 1, 28, 28)}, r"\(1, 28, 28\) looks like .* pass \(28, 28, 1\)"),
 ])
 def test_bad_arguments_say_what_to_pass(kwargs, message):
     with pytest.raises(ValueError, match=message):
         blueprint.summary(zoo.resnet18(), **kwargs)
+
+
+def test_the_cli_refuses_a_channels_first_shape_with_the_nhwc_one(capsys):
+    assert main(["plan", "resnet18", "--batch", "1", "--input-shape", "3,32,32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "pass (32, 32, 3)" in err and err.count("\n") == 1, err
 
 
 def test_readme_shows_the_real_output():
