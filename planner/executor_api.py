@@ -36,6 +36,11 @@ class InputError(ValueError):
     """A batch the plan cannot run: wrong shape/dtype, labels out of range, NaN/Inf values."""
 
 
+WEIGHTS_FIX = ("load weights of the same architecture: this model's own state_dict(), or PyTorch weights with "
+               "these keys and shapes, e.g. torchvision's for the zoo model of that name with the same num_classes")
+OPTIMIZER_FIX = "load an optimizer state saved by an executor of the same model and optimizer"
+
+
 class StateError(KeyError, ValueError):
     """Weights or optimizer state that cannot be loaded into this plan; nothing was written.
     (A KeyError for compatibility with earlier releases; a ValueError as every user error.)"""
@@ -74,11 +79,10 @@ class _Problems:
             return True
         return False
 
-    def raise_if_any(self, where: str) -> None:
+    def raise_if_any(self, where: str, fix: str) -> None:
         if self.found:
             shown = self.found[:LISTED] + ([f"... {len(self.found) - LISTED} more"] if len(self.found) > LISTED else [])
-            raise StateError(f"{where}: " + "; ".join(shown) + " (nothing was loaded; load a state saved by an "
-                             "executor of the same model and optimizer)")
+            raise StateError(f"{where}: " + "; ".join(shown) + f" (nothing was loaded; {fix})")
 
 
 def step_result(loss, correct) -> tuple[float, int]:
@@ -261,7 +265,7 @@ class ExecutorBase:
                 array = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
                 if problems.check_array(name, array, torch_shape(spec), ("f", "i", "u")):
                     converted[spec.tensor] = from_torch_layout(spec, array)
-        problems.raise_if_any("load_state_dict")
+        problems.raise_if_any("load_state_dict", WEIGHTS_FIX)
         return converted
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -301,7 +305,7 @@ class ExecutorBase:
             raw = np.asarray(state[name])
             if raw.size != 1 or raw.dtype.kind not in "fiu" or not np.isfinite(raw).all() or raw.reshape(-1)[0] < 0:
                 problems.add(f"{name!r} must be one finite number >= 0, got {raw.dtype} {raw.shape}")
-        problems.raise_if_any("load_optimizer_state")
+        problems.raise_if_any("load_optimizer_state", OPTIMIZER_FIX)
         return converted, step
 
     def _state_tensors(self) -> list:

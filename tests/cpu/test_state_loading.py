@@ -8,7 +8,7 @@ from blueprint.optim import AdamW
 from cpu_ref import CpuExecutor
 from planner import ArchPlan
 from planner.compiler import Compiler
-from planner.executor_api import StateError
+from planner.executor_api import OPTIMIZER_FIX, WEIGHTS_FIX, StateError
 
 NET = BluePrint(seq(conv(4, 3, 1, 1), bn(), relu(), conv(6, 3, 1, 1), bn(), relu(), gap(), fc(3)))
 SHAPE, BATCH = (6, 6, 2), 4
@@ -79,6 +79,7 @@ def test_a_refused_optimizer_state_writes_nothing(trained, what, break_state, fr
         trained.load_optimizer_state(break_state(other))
     message = str(caught.value)
     assert fragment in message and "nothing was loaded" in message and "\n" not in message
+    assert message.endswith(f"(nothing was loaded; {OPTIMIZER_FIX})")
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, KeyError)
     _assert_unchanged(trained, before)
     trained.load_optimizer_state(other)               # the unbroken state loads
@@ -97,6 +98,7 @@ BROKEN_WEIGHTS = [
 def test_refused_weights_write_nothing(trained, what, break_state, fragment):
     other = {k: v + 1 for k, v in trained.state_dict().items()}
     before = _snapshot(trained)
-    with pytest.raises(StateError, match="load_state_dict: .*" + fragment.replace("(", r"\(")):
+    with pytest.raises(StateError, match="load_state_dict: .*" + fragment.replace("(", r"\(")) as caught:
         trained.load_state_dict(break_state(other))
+    assert str(caught.value).endswith(f"(nothing was loaded; {WEIGHTS_FIX})")
     _assert_unchanged(trained, before)
