@@ -134,12 +134,13 @@ def run_train(args) -> int:
         earlier = _modified(saved)             # an interrupt file of an earlier run is not this run's
         try:
             with keep_earlier([] if args.resume else [checkpoint, saved]) as kept:
-                outcome = _fit(task, args, out, checkpoint, saved, earlier, run_id)
+                history, seconds = _fit(task, args, out, checkpoint, run_id)
+        except KeyboardInterrupt:
+            _say_interrupted(checkpoint, saved, earlier)
+            return 130
         finally:
             _say_kept(kept, args)
-        if outcome == 130:
-            return 130
-        history, seconds, plot = outcome
+        plot = _plot(history, out / "curves.png")
     last = history[-1]
     train_seconds = sum(len(train) / r.images_per_second for r in history)
     metrics = {"val_accuracy": last.val_accuracy, "val_loss": last.val_loss, "epochs": last.epoch,
@@ -158,27 +159,27 @@ def run_train(args) -> int:
     return 0
 
 
-def _fit(task, args, out, checkpoint, saved, earlier, run_id):
-    """Train into the locked run folder: (history, seconds, plot), or 130 after Ctrl-C."""
+def _fit(task, args, out, checkpoint, run_id):
+    """Train into the locked run folder: (history, seconds)."""
     task = task.checkpoint(checkpoint).callback(lambda record: append_history(out, run_id, record.as_dict()))
     start = time.perf_counter()
-    try:
-        if args.resume:
-            task = task.resume(args.resume)
-            _check_epochs_left(task, args)
-        history = task.fit()
-    except KeyboardInterrupt:
-        if _modified(saved) not in (None, earlier):
-            print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
-                  f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
-        else:
-            resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
-            print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
-                  f"second Ctrl-C){resume}", file=sys.stderr)
-        return 130
-    seconds = time.perf_counter() - start
-    plot = _plot(history, out / "curves.png")
-    return history, seconds, plot
+    if args.resume:
+        task = task.resume(args.resume)
+        _check_epochs_left(task, args)
+    history = task.fit()
+    return history, time.perf_counter() - start
+
+
+def _say_interrupted(checkpoint, saved, earlier) -> None:
+    """After Ctrl-C: where the position was saved, or that none was (``earlier``: the interrupt file's
+    modification time before this run, so an earlier run's file is not taken for this run's)."""
+    if _modified(saved) not in (None, earlier):
+        print(f"\ninterrupted: position saved to {saved} (continue with --resume {saved}); "
+              f"{checkpoint.name} keeps the last finished epoch", file=sys.stderr)
+    else:
+        resume = f"; continue from the last finished epoch with --resume {checkpoint}" if checkpoint.exists() else ""
+        print("\ninterrupted: no position was saved (stopped before the first step, or inside a step by a "
+              f"second Ctrl-C){resume}", file=sys.stderr)
 
 
 def _say_kept(kept, args) -> None:
