@@ -28,13 +28,17 @@ def f64(a):
     return np.asarray(a, np.float64)
 
 
-def replay(record, launched):
-    """Record the launches of ``record(tape)``, replay them once, add the kernels used to ``launched``."""
+def replay(record, launched=None):
+    """Record the launches of ``record(tape)``, replay them once; returns the kernel names in launch order
+    (and adds them to the set ``launched``, where given)."""
     tape = LaunchTape()
     record(tape)
     tape.replay()
     cuda.synchronize()
-    launched.update(tape.names())
+    names = tape.names()
+    if launched is not None:
+        launched.update(names)
+    return names
 
 
 def check(label, got, expected, tol):
