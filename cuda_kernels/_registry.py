@@ -25,6 +25,9 @@ from numba import cuda
 from numba.cuda import types as nbt
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+if SIMULATOR:
+    from ._simulator import install as _install_simulator_fix
+    _install_simulator_fix()   # shared arrays allocated atomically (see _simulator)
 
 F16, F32, I32, U8, U32, U64 = nbt.float16, nbt.float32, nbt.int32, nbt.uint8, nbt.uint32, nbt.uint64
 
