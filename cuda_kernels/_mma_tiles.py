@@ -193,6 +193,13 @@ def make_warp_step(tile, a_trans, b_trans):
     return fragment_offsets, warp_step
 
 
+@cuda.jit(device=True)
+def block_barrier():
+    """``bar.sync``: the main loop's one block barrier. A module-level name, so that the simulator tier's
+    mutation test can delete it (``tests/cuda/test_mma_twins.py``) and see the pipeline break."""
+    cuda.syncthreads()
+
+
 def make_pipeline(tile, a_trans, b_trans, issue_next):
     """The ``STAGES``-deep ``cp.async`` main loop the forward, input- and weight-gradient kernels share:
 
@@ -228,7 +235,7 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
             cp_async_commit()
         for kt in range(tiles):
             wait_stage()
-            cuda.syncthreads()
+            block_barrier()
             if kt + STAGES - 1 < tiles:
                 state = issue_next(smem, (kt + STAGES - 1) % STAGES, operands, state)
             cp_async_commit()

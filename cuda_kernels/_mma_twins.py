@@ -8,11 +8,14 @@ instruction: ldmatrix", "cp.async"), not from the kernels that call them:
 - a ``b32`` register holding two ``f16`` is an ``np.uint32`` whose low 16 bits are the
   element of lower column (or row, for ``.trans``) index;
 - the warp-collective twins (mma, ldmatrix) exchange the lanes' operands through a
-  per-warp scratch in shared memory between two ``cuda.syncthreads()``: correct only where
-  every thread of the block reaches the call, which holds in the GEMM main loops;
+  per-warp scratch in shared memory between two barriers of their own warp only
+  (``_warp_barrier``: the 32 lanes, as ``.sync.aligned`` requires), never of the block: the
+  warps of a block drift apart between the kernel's own ``syncthreads`` as they do on
+  silicon, so a missing block barrier shows here too;
 - ``cp.async`` copies are queued per thread and only land at ``wait_group``; at issue
-  their destination is poisoned with NaN, so a kernel that reads a stage before waiting
-  for it (or overwrites one another warp still reads) computes NaN instead of passing.
+  their destination is poisoned with NaN, so a kernel that reads a stage before every
+  thread that fills it has waited for its copies (or overwrites one another warp still
+  reads) computes NaN or stale values instead of passing.
 
 The simulator runs these as device functions: its ``cuda`` module is swapped in while
 they run (that is how ``cuda.threadIdx`` and ``cuda.shared.array`` reach them).
@@ -65,6 +68,24 @@ def _lane_and_warp():
     return tid % WARP, tid // WARP
 
 
+_barriers_lock = threading.Lock()
+WARP_BARRIER_TIMEOUT = 600.0   # seconds: lanes that never arrive (divergent control flow) raise, not hang
+
+
+def _warp_barrier(warp):
+    """Wait until every lane of ``warp`` arrives (one reusable barrier per warp of the launch; the blocks of a
+    launch run one after another, so they can share it)."""
+    barriers = cuda.shared.array(MAX_WARPS, np.object_)
+    barrier = barriers[warp]
+    if barrier is None:
+        with _barriers_lock:
+            if barriers[warp] is None:
+                threads = cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z
+                barriers[warp] = threading.Barrier(min(WARP, threads - warp * WARP), timeout=WARP_BARRIER_TIMEOUT)
+            barrier = barriers[warp]
+    barrier.wait()
+
+
 @cuda.jit(device=True)
 def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """Twin of ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``: D = A @ B + C per warp."""
@@ -73,7 +94,7 @@ def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     accs = cuda.shared.array((MAX_WARPS, WARP, 4), np.float32)
     regs[warp, lane, :] = (a0, a1, a2, a3, b0, b1)
     accs[warp, lane, :] = (c0, c1, c2, c3)
-    cuda.syncthreads()
+    _warp_barrier(warp)
     h = _halves(regs[warp]).astype(np.float64)                 # [lane, reg, lo/hi]
     a, b, c = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
     a[A_ROWS, A_COLS] = h[:, :4, 0]
@@ -81,7 +102,7 @@ def mma_m16n8k16(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     b[B_ROWS, B_COLS] = h[:, 4:, 0]
     b[B_ROWS + 1, B_COLS] = h[:, 4:, 1]
     c[C_ROWS, C_COLS] = accs[warp]
-    cuda.syncthreads()
+    _warp_barrier(warp)
     d = (a @ b + c).astype(np.float32)   # fp16 products are exact; one fp32 rounding of the sum
     return tuple(d[C_ROWS[lane], C_COLS[lane]])
 
@@ -92,7 +113,7 @@ def _ldmatrix(smem, byte_offset, trans):
     if byte_offset % 16:
         raise ValueError(f"ldmatrix: lane {lane} row address {byte_offset} is not 16-byte aligned")
     addresses[warp, lane] = byte_offset
-    cuda.syncthreads()
+    _warp_barrier(warp)
     halves = smem.view(np.uint16)
     rows = addresses[warp] // 2                       # lanes 8i..8i+7 give the rows of matrix i
     out = []
@@ -102,7 +123,7 @@ def _ldmatrix(smem, byte_offset, trans):
             mat = mat.T
         lo, hi = mat[lane >> 2, 2 * (lane & 3)], mat[lane >> 2, 2 * (lane & 3) + 1]
         out.append(np.uint32(int(lo) | (int(hi) << 16)))
-    cuda.syncthreads()
+    _warp_barrier(warp)
     return out[0], out[1], out[2], out[3]
 
 
