@@ -33,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "support" / "ddp_worker.py"
 WORLD = 2
 LAUNCH_TIMEOUT_S = 150                        # a whole launch; a hang fails the test instead of CI
-WORKER_TIMEOUT_S = 20.0                       # the workers' collective timeout (ddp_worker.TIMEOUT_S)
 STALL_TIMEOUT_S = 4.0                         # ddp_worker.STALL_TIMEOUT_S
+# The killed and bad_input cases run with a collective timeout (ddp_worker.NEVER_S) that cannot expire within
+# LAUNCH_TIMEOUT_S: a survivor that stops was stopped by the fault. No assertion here reads a duration
+# against an upper bound (a loaded machine is slow, not wrong).
 
 
 def _free_port() -> int:
@@ -124,7 +126,6 @@ def test_a_rank_that_dies_stops_the_other_with_a_clear_error(tmp_path):
     assert survivor.returncode == 3, survivor.stdout[-2000:]
     line = next(line for line in survivor.stdout.splitlines() if line.startswith("rank 0 stopped"))
     assert "DistributedError: rank 0 of 2: the gradient all-reduce of step 3 failed" in line, line
-    assert _seconds(line) < WORKER_TIMEOUT_S + 10, line
 
 
 def test_a_rank_that_stops_answering_ends_the_other_after_the_collective_timeout(tmp_path):
@@ -132,17 +133,15 @@ def test_a_rank_that_stops_answering_ends_the_other_after_the_collective_timeout
     line = next((line for line in survivor.stdout.splitlines() if line.startswith("rank 0 stopped")), None)
     assert survivor.returncode == 3 and line is not None, survivor.stdout[-2000:]
     assert "DistributedError: rank 0 of 2: the gradient all-reduce of step 3 failed" in line, line
-    seconds = _seconds(line)
-    assert STALL_TIMEOUT_S <= seconds < STALL_TIMEOUT_S + 15, line
+    assert _seconds(line) >= STALL_TIMEOUT_S, line   # it waited for the timeout (rank 1 answered nothing until rank 0 stopped)
 
 
 def test_a_bad_input_on_one_rank_is_reported_there_and_stops_all(tmp_path):
     survivor, bad = launch("bad_input", tmp_path)
     assert bad.returncode == 3 and "InputError: the batch contains NaN" in bad.stdout, bad.stdout[-2000:]
     assert survivor.returncode == 3 and "DistributedError: rank 0 of 2" in survivor.stdout, survivor.stdout[-2000:]
-    # rank 1 lived on for the collective timeout after its error; rank 0 stopped long before that
-    stopped = [float(re.search(r"stopped after [0-9.]+ s at ([0-9.]+):", p.stdout).group(1)) for p in (survivor, bad)]
-    assert stopped[0] - stopped[1] < WORKER_TIMEOUT_S / 2, stopped
+    # rank 1 lived on after its error until rank 0 had stopped: rank 0 did not wait for rank 1 to leave
+    assert "rank 1 was still alive when rank 0 stopped: True" in bad.stdout, bad.stdout[-2000:]
 
 
 # ---- single-process checks of the pieces ---------------------------------------------------------------------------

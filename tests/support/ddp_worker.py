@@ -17,9 +17,15 @@ Cases:
 - ``resume``: a 2-epoch run vs 1 epoch + resume from rank 0's checkpoint + 1 epoch: final state and
   history.
 - ``killed``: rank 1 dies (os._exit) at its third step; rank 0 reports the error it got.
-- ``stalled``: rank 1 stops answering (sleeps) at its third step; rank 0 reports the timeout.
-- ``bad_input``: rank 1's third batch holds a NaN; it reports its InputError and lives on for
-  TIMEOUT_S; rank 0 reports its error (at once: rank 1 left the process group).
+- ``stalled``: rank 1 stops answering at its third step, until rank 0 has stopped; rank 0 reports the
+  timeout.
+- ``bad_input``: rank 1's third batch holds a NaN; it reports its InputError and lives on until rank 0
+  has stopped; rank 0 reports its error (rank 1 left the process group).
+
+No outcome depends on how fast the machine is: the fault cases other than ``stalled`` run with a
+collective timeout (NEVER_S) that cannot expire before the test gives up on the launch, so a rank that
+stops was stopped by the fault, not by a timer; a rank that must outlive another waits for that one's
+stop file (``OUT_DIR/rank<r>.stopped``) instead of sleeping a guessed time.
 """
 import os
 import sys
@@ -44,7 +50,9 @@ GLOBAL_BATCH = 6
 SMOOTHING = 0.1
 LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 1e-3
 TIMEOUT_S = 20.0
-STALL_TIMEOUT_S = 4.0     # case "stalled": the collective timeout rank 0 must stop within
+STALL_TIMEOUT_S = 4.0     # case "stalled": the collective timeout rank 0 must stop after
+NEVER_S = 3600.0          # a collective timeout far beyond the test's launch limit (150 s)
+WAIT_LIMIT_S = 140.0      # how long a rank waits for another's stop file (a hang guard, under the launch limit)
 
 
 def optimizer():
@@ -231,7 +239,21 @@ def fault_task():
     y = rng.integers(0, 10, 48)
     return x, y, (DeepLearningTask().model(mlp_blueprint()).optimizer(optimizer())
                   .data(train=ArrayDataset(x, y), batch_size=8, normalize=None).epochs(2).seed(1).progress(False)
-                  .distributed(timeout_s=TIMEOUT_S))
+                  .distributed(timeout_s=NEVER_S))
+
+
+def stop_file(out_dir, rank):
+    return Path(out_dir) / f"rank{rank}.stopped"
+
+
+def wait_until_stopped(out_dir, rank):
+    """Poll for ``rank``'s stop file (written when its error was reported); True when it appeared."""
+    deadline = time.monotonic() + WAIT_LIMIT_S
+    while not stop_file(out_dir, rank).exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def case_killed(rank, world, out_dir):
@@ -245,7 +267,7 @@ def case_killed(rank, world, out_dir):
                 os._exit(17)
             return submit(*args)
         session.executor.submit_train_step = dies_at_third_step
-    report(t, rank)
+    report(t, rank, out_dir)
 
 
 def case_stalled(rank, world, out_dir):
@@ -257,11 +279,11 @@ def case_stalled(rank, world, out_dir):
 
         def stalls_at_third_step(*args):
             if session.executor.step_count == 2:
-                time.sleep(STALL_TIMEOUT_S + 8)
+                wait_until_stopped(out_dir, 0)
                 os._exit(0)
             return submit(*args)
         session.executor.submit_train_step = stalls_at_third_step
-    report(t, rank)
+    report(t, rank, out_dir)
 
 
 def case_bad_input(rank, world, out_dir):
@@ -269,18 +291,22 @@ def case_bad_input(rank, world, out_dir):
     loader = t._loaders()[0]
     if rank == 1:     # a NaN in rank 1's third batch (its loader's shard of the epoch's permutation)
         x[loader.order(0)[2 * loader.batch_size]] = np.nan
-    report(t, rank, linger_s=TIMEOUT_S if rank == 1 else 0.0)   # rank 1 lives on: rank 0 must not wait for it
+    report(t, rank, out_dir, outlive=0 if rank == 1 else None)   # rank 1 lives on: rank 0 must not wait for it
 
 
-def report(t, rank, linger_s=0.0):
-    """Train; on an error print it with the time the rank took and the wall-clock time it stopped."""
+def report(t, rank, out_dir, outlive=None):
+    """Train; on an error print it with the time the rank took and write the rank's stop file; with
+    ``outlive``, then stay alive until that rank has stopped too (and say whether it did)."""
     begin = time.monotonic()
     try:
         t.fit()
     except (DistributedError, ValueError) as error:
-        print(f"rank {rank} stopped after {time.monotonic() - begin:.1f} s at {time.time():.3f}: "
-              f"{type(error).__name__}: {error}", flush=True)
-        time.sleep(linger_s)
+        print(f"rank {rank} stopped after {time.monotonic() - begin:.1f} s: {type(error).__name__}: {error}",
+              flush=True)
+        stop_file(out_dir, rank).touch()
+        if outlive is not None:
+            seen = wait_until_stopped(out_dir, outlive)
+            print(f"rank {rank} was still alive when rank {outlive} stopped: {seen}", flush=True)
         sys.exit(3)
     print(f"rank {rank} finished", flush=True)
 
