@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 _INSTALLED_MARK = "_blueprint_atomic_allocation"
+replaced_allocator = None   # numba-cuda's own ``FakeCUDAShared.array``, once ``install()`` replaced it
 
 
 def _shared_array(self, shape, dtype, alignment=None):
@@ -55,5 +56,7 @@ def install():
         raise RuntimeError("cuda_kernels._simulator: numba-cuda's simulator no longer keeps shared arrays in "
                            "FakeCUDAShared._allocations; re-check its allocator for the check-then-set race "
                            "this module corrects, then update install()")
+    global replaced_allocator
+    replaced_allocator = shared.array
     setattr(_shared_array, _INSTALLED_MARK, True)
     shared.array = _shared_array
