@@ -45,6 +45,7 @@ from cpu_ref import CpuExecutor
 from cuda_kernels import CudaExecutor
 from planner import ArchPlan
 from planner.compiler import Compiler
+from tests.support.determinism import contention
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
@@ -361,15 +362,20 @@ def test_the_host_reads_a_result_only_after_waiting_on_its_event():
 
 def test_pipelined_steps_equal_one_step_at_a_time():
     """``train_steps`` submits step k+1 before reading step k (double-buffered staging): same losses,
-    counts and weights as ``train_step`` one at a time, lr changing every step."""
+    counts and weights as ``train_step`` one at a time, lr changing every step. Run under forced thread
+    switches: on a loaded machine this test once ended with other weights (the simulator's shared-array
+    race, ``cuda_kernels/_simulator.py``); contention makes such a race show in every run."""
     plan = compile_plan(SMALL, fuse=True, amp=True)
     one, piped = (CudaExecutor(plan, optimizer=SGD().momentum(0.9), seed=5, init_loss_scale=CHECK_SCALE)
                   for _ in range(2))
     data = [(x, y, 0.05 * (i + 1)) for i, (x, y) in enumerate(batches(4, seed=21))]
-    want = [(one.train_step(x, y, lr), one.last_correct) for x, y, lr in data]
-    got = list(piped.train_steps(iter(data)))
+    with contention():
+        want = [(one.train_step(x, y, lr), one.last_correct) for x, y, lr in data]
+        got = list(piped.train_steps(iter(data)))
     np.testing.assert_allclose([g[0] for g in got], [w[0] for w in want], rtol=ATOMICS_RTOL)
     assert [g[1] for g in got] == [w[1] for w in want] and piped.step_count == one.step_count == 4
+    device_steps = [int(ex.optimizer_state()["amp.step"][0]) for ex in (one, piped)]
+    assert device_steps == [4, 4], f"updates applied (a skipped step is not one): {device_steps}"
     assert len({loss for loss, _ in got}) == 4, "every step must see its own batch and weights"
     state_a, state_b = one.state_dict(), piped.state_dict()
     for name in state_a:

@@ -5,7 +5,12 @@ comparison with the float64 spec at an output's tolerance (``TOLERANCES``, expla
 import numpy as np
 from numba import cuda
 
+from cuda_kernels._registry import SIMULATOR
 from cuda_kernels._tape import LaunchTape
+
+if SIMULATOR:
+    from tests.support.determinism import FirstLaunchChecker
+    FIRST_LAUNCHES = FirstLaunchChecker()
 
 TOLERANCES = {"fp16": (2e-3, 1e-3), "fp32": (1e-5, 1e-6), "stats": (1e-4, 1e-5), "exact": (0.0, 0.0)}
 
@@ -30,10 +35,16 @@ def f64(a):
 
 def replay(record, launched=None):
     """Record the launches of ``record(tape)``, replay them once; returns the kernel names in launch order
-    (and adds them to the set ``launched``, where given)."""
+    (and adds them to the set ``launched``, where given). In the simulator the first launch of each kernel
+    in this process is also run a second time under contention and must give the same result
+    (``tests/support/determinism.py``)."""
     tape = LaunchTape()
     record(tape)
-    tape.replay()
+    if SIMULATOR:
+        tape.compile_kernels()
+        FIRST_LAUNCHES.replay(tape)
+    else:
+        tape.replay()
     cuda.synchronize()
     names = tape.names()
     if launched is not None:
