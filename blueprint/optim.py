@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
+
+from blueprint._config_values import (NOT_SETTERS, _chain, _check_position, _count, _flag, _non_negative, _number,
+                                      _positive, _unit_interval, keyword_construction, setter_names)
+from blueprint._lr_schedules import OneCycleLR, ReduceLROnPlateau
 
 __all__ = [
     "CrossEntropyLoss",
@@ -34,111 +38,10 @@ __all__ = [
     "StepLR",
     "MultiStepLR",
     "CosineAnnealingLR",
+    "OneCycleLR",
+    "ReduceLROnPlateau",
 ]
 
-
-# ---------------------------------------------------------------- argument checks
-
-def _number(setter: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{setter} expects a real number; found {type(value).__name__} {value!r}.")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{setter} expects a finite number; found {value!r}.")
-    return value
-
-
-def _non_negative(setter: str, value) -> float:
-    value = _number(setter, value)
-    if value < 0:
-        raise ValueError(f"{setter} expects a value >= 0; found {value!r}. Pass a non-negative number.")
-    return value
-
-
-def _positive(setter: str, value) -> float:
-    value = _number(setter, value)
-    if value <= 0:
-        raise ValueError(f"{setter} expects a value > 0; found {value!r}. Pass a positive number.")
-    return value
-
-
-def _unit_interval(setter: str, value) -> float:
-    """A value in [0, 1)."""
-    value = _number(setter, value)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{setter} expects a value in [0, 1); found {value!r}.")
-    return value
-
-
-def _count(setter: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{setter} expects an integer number of epochs/steps; found {type(value).__name__} {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{setter} expects an integer >= {minimum}; found {value}.")
-    return value
-
-
-def _flag(setter: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{setter} expects True or False; found {type(value).__name__} {value!r}.")
-    return value
-
-
-def _chain(constructor: str, calls: list[tuple[str, str]]) -> str:
-    return constructor + "".join(f".{name}({args})" for name, args in calls)
-
-
-NOT_SETTERS = frozenset({"validate", "lr_at"})   # public methods that do not return a changed value
-
-
-def setter_names(cls) -> tuple[str, ...]:
-    """The builder methods of a config class, in definition order: its keyword arguments."""
-    names = []
-    for klass in reversed(cls.__mro__[:-1]):
-        for name, member in vars(klass).items():
-            if callable(member) and not name.startswith("_") and name not in NOT_SETTERS and name not in names:
-                names.append(name)
-    return tuple(names)
-
-
-def keyword_construction(cls, setters: tuple[str, ...] | None = None, hint: str = ""):
-    """Let ``cls(setter=value, ...)`` equal ``cls().setter(value)...`` (validated by the setters);
-    ``setters`` defaults to every builder method (:func:`setter_names`).
-
-    Field names stay accepted as keywords because ``dataclasses.replace`` builds values with them;
-    positional arguments are refused (``SGD(model.parameters(), lr=0.1)`` has nothing to bind to:
-    the task owns the parameters)."""
-    field_init = cls.__init__
-    setters = setters or setter_names(cls)
-    field_names = {f.name for f in fields(cls)}
-
-    def __init__(self, *args, **kwargs):
-        if args:
-            raise TypeError(f"{cls.__name__}() takes keyword arguments only; found {len(args)} positional "
-                            f"argument(s). Pass e.g. {cls.__name__}({setters[0]}=...); accepted keywords: "
-                            f"{', '.join(setters)}. (The task owns the parameters: do not pass them.)")
-        unknown = [k for k in kwargs if k not in setters and k not in field_names]
-        if unknown:
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}; accepted "
-                            f"keywords: {', '.join(setters)}.{hint}")
-        field_init(self, **{k: v for k, v in kwargs.items() if k in field_names})
-        value = self
-        for name, argument in kwargs.items():
-            if name in setters:
-                value = getattr(value, name)(*(argument if _takes_several(cls, name) else (argument,)))
-        if value is not self:
-            for f in fields(cls):
-                object.__setattr__(self, f.name, getattr(value, f.name))
-
-    __init__.__qualname__ = f"{cls.__name__}.__init__"
-    __init__.__doc__ = f"Keywords: {', '.join(setters)} (each the setter of that name)."
-    cls.__init__ = __init__
-    return cls
-
-
-def _takes_several(cls, setter: str) -> bool:
-    code = getattr(cls, setter).__code__
-    return code.co_argcount > 2       # self plus more than one argument: passed as a tuple
 
 
 # ---------------------------------------------------------------- loss
@@ -313,19 +216,6 @@ class AdamW(_AdamSetters):
 
 
 # ---------------------------------------------------------------- schedules
-
-def _check_position(schedule: str, epoch: int, step: int, steps_per_epoch: int, total_epochs: int) -> None:
-    if steps_per_epoch < 1 or total_epochs < 1:
-        raise ValueError(
-            f"{schedule}.lr_at expects steps_per_epoch >= 1 and total_epochs >= 1; "
-            f"found {steps_per_epoch} and {total_epochs}."
-        )
-    if epoch < 0 or not 0 <= step < steps_per_epoch:
-        raise ValueError(
-            f"{schedule}.lr_at expects epoch >= 0 and 0 <= step < steps_per_epoch ({steps_per_epoch}); "
-            f"found epoch {epoch}, step {step}."
-        )
-
 
 def _base_or(own: float | None, optimizer_lr: float) -> float:
     return optimizer_lr if own is None else own
@@ -556,3 +446,7 @@ class CosineAnnealingLR:
         if self.period_epochs is not None:
             calls.append(("t_max", repr(self.period_epochs)))
         return _chain("CosineAnnealingLR()", calls + _common_calls(self, True))
+
+
+#: Every learning-rate schedule `DeepLearningTask.scheduler` takes (and a checkpoint may name).
+SCHEDULES = (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau)

@@ -15,8 +15,8 @@ import numpy as np
 
 from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
-from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
-                             keyword_construction)
+from blueprint.optim import SCHEDULES, SGD, Adam, AdamW, ConstantLR, CrossEntropyLoss, keyword_construction
+from blueprint.task._callbacks import TRACKED_CALLBACKS, Tracked, check_tracked
 from blueprint.task._fit_loop import DivergedError, EpochRecord, FitLoop, classification_metrics
 from blueprint.task._replica_task import (check_replica_batch, place_replica, replica_loaders, replica_samples,
                                           replicate)
@@ -45,6 +45,7 @@ class _Session:
     position: Position | None = None   # mid-epoch: where the epoch in progress stands
     resumed: bool = False
     input_spec: tuple = ()             # (train set, repr of normalisation, InputSpec): measured once per data
+    tracked: Tracked = field(default_factory=Tracked)   # callbacks' and a plateau schedule's state; why it stopped
 
     @property
     def holds_training(self) -> bool:
@@ -112,9 +113,12 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self._new(optimizer_config=opt.validate())
 
     def scheduler(self, schedule) -> "DeepLearningTask":
-        if not isinstance(schedule, (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)):
-            raise TypeError("DeepLearningTask.scheduler(s): expected ConstantLR(), StepLR(), MultiStepLR() or "
-                            f"CosineAnnealingLR(), got {type(schedule).__name__}")
+        """The learning-rate schedule (default `ConstantLR()`). Its ``base_lr``, when set, is the lr the
+        schedule starts from and the optimizer's ``lr`` is then not used (a warning says so when both
+        are set); without it the schedule scales the optimizer's ``lr``."""
+        if not isinstance(schedule, SCHEDULES):
+            raise TypeError(f"DeepLearningTask.scheduler(s): expected one of {', '.join(s.__name__ + '()' for s in SCHEDULES)}, "
+                            f"got {type(schedule).__name__}")
         return self._new(scheduler_config=schedule.validate())
 
     def data(self, train: ArrayDataset | None = None, val: ArrayDataset | None = None, batch_size: int | None = None,
@@ -168,9 +172,12 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self._new(show_progress=_flag("progress", enabled))
 
     def callback(self, fn: Callable[[EpochRecord], None]) -> "DeepLearningTask":
-        """Add a function called with each epoch's `EpochRecord` after it ends."""
-        if not callable(fn):
-            raise TypeError(f"DeepLearningTask.callback(fn): expected a callable, got {fn!r}")
+        """Add a function called with each epoch's `EpochRecord` after it ends, or a tracked callback
+        (`EarlyStopping`, `ModelCheckpoint`: their state is saved and resumed with the checkpoints). A
+        function may raise `StopTraining` (or `StopIteration`) to end `fit()` after that epoch."""
+        if not callable(fn) and not isinstance(fn, TRACKED_CALLBACKS):
+            raise TypeError(f"DeepLearningTask.callback(fn): expected a callable, EarlyStopping(...) or "
+                            f"ModelCheckpoint(...), got {fn!r}")
         return self._new(callbacks=self.callbacks + (fn,))
 
     def log(self, path) -> "DeepLearningTask":
@@ -239,6 +246,11 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self.distributed_config is None or self.distributed_config.is_writer
 
     @property
+    def stopped(self) -> str | None:
+        """Why a callback ended training early (None: it ran, or runs, every epoch)."""
+        return self._session[0].tracked.stopped if self._session else None
+
+    @property
     def history(self) -> list[EpochRecord]:
         return list(self._session[0].history) if self._session else []
 
@@ -265,6 +277,7 @@ class DeepLearningTask(FitLoop, SaveResume):
                               "or .device('cuda')")
         self.optimizer_config.validate()
         self.scheduler_config.validate()
+        check_tracked(self)
         return self
 
     # ---- compiling and running ------------------------------------------------------------------------------
