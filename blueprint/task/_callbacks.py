@@ -147,7 +147,8 @@ class Tracked:
 
 
 def tracked_callbacks(task) -> dict:
-    return {f"callback{i}": fn for i, fn in enumerate(task.callbacks) if isinstance(fn, TRACKED_CALLBACKS)}
+    tracked = [fn for fn in task.callbacks if isinstance(fn, TRACKED_CALLBACKS)]
+    return {f"callback{i}": fn for i, fn in enumerate(tracked)}
 
 
 def check_tracked(task) -> None:
