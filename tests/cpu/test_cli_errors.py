@@ -51,7 +51,7 @@ CLI_ERRORS = [
      "cannot resume: different"),
     ("empty dataset", ["--data", "cifar10:{empty}"], "should hold whole CIFAR-10 binary records"),
     ("constant channel", ["--data", "cifar10:{constant}"], "channel 0 of the training data is constant"),
-    ("unknown data", ["--data", "mnist"], "--data: expected digits, synthetic or cifar10:PATH"),
+    ("unknown data", ["--data", "mnist"], "--data: expected digits, synthetic, cifar10:PATH or folder:PATH"),
     ("unknown model", ["--model", "resnet21"], "unknown model 'resnet21'"),
 ]
 
