@@ -9,7 +9,12 @@ are the optimizer kernels in ``cpu_ref`` / ``cuda_kernels`` (see docs/kernel-con
 ``repr()`` of every value is constructor-chain code that evaluates back to an equal value,
 so a checkpoint can store it as text. Every config also takes its setters' names as keywords,
 PyTorch-style: ``SGD(lr=0.1, momentum=0.9) == SGD().lr(0.1).momentum(0.9)`` (the same value, the
-same ``repr``; a setter with several arguments takes a tuple: ``Adam(betas=(0.9, 0.99))``):
+same ``repr``; a setter with several arguments takes a tuple: ``Adam(betas=(0.9, 0.99))``).
+
+**One learning rate.** The optimizer's ``lr`` is the learning rate the schedule shapes. A schedule
+may set its own ``base_lr`` (``max_lr`` for `OneCycleLR`); then that value is the one used and the
+optimizer's ``lr`` is ignored, and `DeepLearningTask` warns when the optimizer's ``lr`` was set to
+another value. Set the learning rate in one place.
 
 >>> from blueprint.optim import *
 >>> opt = SGD().lr(0.1).momentum(0.9).nesterov(True)
@@ -62,6 +67,7 @@ class CrossEntropyLoss:
     smoothing: float = 0.0
 
     def label_smoothing(self, x: float) -> CrossEntropyLoss:
+        """Mix the one-hot target with the uniform distribution by ``x`` (0 <= x < 1; torch's rule)."""
         return replace(self, smoothing=_unit_interval("CrossEntropyLoss.label_smoothing", x))
 
     def __repr__(self) -> str:
@@ -98,18 +104,23 @@ class SGD:
     weight_decay_factor: float = 0.0
 
     def lr(self, x: float) -> SGD:
+        """The learning rate (default 0.1); a schedule's own ``base_lr`` replaces it."""
         return replace(self, learning_rate=_non_negative("SGD.lr", x))
 
     def momentum(self, m: float) -> SGD:
+        """The momentum factor (default 0: none)."""
         return replace(self, momentum_factor=_non_negative("SGD.momentum", m))
 
     def dampening(self, d: float) -> SGD:
+        """Dampening of the momentum (default 0)."""
         return replace(self, dampening_factor=_non_negative("SGD.dampening", d))
 
     def nesterov(self, enabled: bool = True) -> SGD:
+        """Nesterov momentum (needs momentum > 0 and dampening 0)."""
         return replace(self, use_nesterov=_flag("SGD.nesterov", enabled))
 
     def weight_decay(self, w: float) -> SGD:
+        """L2 penalty added to the gradient (coupled, as torch's SGD; default 0)."""
         return replace(self, weight_decay_factor=_non_negative("SGD.weight_decay", w))
 
     @property
@@ -145,16 +156,20 @@ class _AdamSetters:
     state_slots: ClassVar[int] = 2  # first and second moment
 
     def lr(self, x: float):
+        """The learning rate (default 1e-3); a schedule's own ``base_lr`` replaces it."""
         return replace(self, learning_rate=_non_negative(f"{type(self).__name__}.lr", x))
 
     def betas(self, b1: float, b2: float):
+        """The decay rates of the first and second moment (default 0.9, 0.999)."""
         where = f"{type(self).__name__}.betas"
         return replace(self, beta1=_unit_interval(where, b1), beta2=_unit_interval(where, b2))
 
     def eps(self, e: float):
+        """Added to the denominator (default 1e-8)."""
         return replace(self, epsilon=_positive(f"{type(self).__name__}.eps", e))
 
     def weight_decay(self, w: float):
+        """Weight decay: added to the gradient (Adam) or decoupled (AdamW)."""
         return replace(self, weight_decay_factor=_non_negative(f"{type(self).__name__}.weight_decay", w))
 
     def validate(self):
@@ -246,6 +261,7 @@ class ConstantLR:
     base_learning_rate: float | None = None
 
     def base_lr(self, x: float | None) -> ConstantLR:
+        """The learning rate (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("ConstantLR.base_lr", x))
 
     def validate(self) -> ConstantLR:
@@ -282,15 +298,19 @@ class StepLR:
     batchwise: bool = False
 
     def step_size(self, k: int) -> StepLR:
+        """Epochs (or batches, per_batch) between two cuts by gamma."""
         return replace(self, period=_count("StepLR.step_size", k, 1))
 
     def gamma(self, g: float) -> StepLR:
+        """The factor of each cut (default 0.1)."""
         return replace(self, factor=_positive("StepLR.gamma", g))
 
     def base_lr(self, x: float | None) -> StepLR:
+        """The starting lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("StepLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> StepLR:
+        """Count batches instead of epochs."""
         return replace(self, batchwise=_flag("StepLR.per_batch", enabled))
 
     def validate(self) -> StepLR:
@@ -332,18 +352,22 @@ class MultiStepLR:
     batchwise: bool = False
 
     def milestones(self, positions) -> MultiStepLR:
+        """The epochs (or batches, per_batch) at which the lr is cut by gamma."""
         positions = tuple(_count("MultiStepLR.milestones", p, 0) for p in positions)
         if len(set(positions)) != len(positions):
             raise ValueError(f"MultiStepLR.milestones expects distinct positions; found {list(positions)}.")
         return replace(self, milestone_positions=tuple(sorted(positions)))
 
     def gamma(self, g: float) -> MultiStepLR:
+        """The factor of each cut (default 0.1)."""
         return replace(self, factor=_positive("MultiStepLR.gamma", g))
 
     def base_lr(self, x: float | None) -> MultiStepLR:
+        """The starting lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("MultiStepLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> MultiStepLR:
+        """Count batches instead of epochs."""
         return replace(self, batchwise=_flag("MultiStepLR.per_batch", enabled))
 
     def validate(self) -> MultiStepLR:
@@ -403,18 +427,23 @@ class CosineAnnealingLR:
     batchwise: bool = True
 
     def warmup(self, epochs: int) -> CosineAnnealingLR:
+        """Epochs of linear warmup before the cosine (default 0)."""
         return replace(self, warmup_epochs=_count("CosineAnnealingLR.warmup", epochs, 0))
 
     def eta_min(self, y: float) -> CosineAnnealingLR:
+        """The lr at the end of the cosine (default 0)."""
         return replace(self, min_lr=_non_negative("CosineAnnealingLR.eta_min", y))
 
     def t_max(self, epochs: int | None) -> CosineAnnealingLR:
+        """Epochs of the cosine after warmup (None: the rest of the run)."""
         return replace(self, period_epochs=None if epochs is None else _count("CosineAnnealingLR.t_max", epochs, 1))
 
     def base_lr(self, x: float | None) -> CosineAnnealingLR:
+        """The peak lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("CosineAnnealingLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> CosineAnnealingLR:
+        """Anneal every batch (default) or once per epoch."""
         return replace(self, batchwise=_flag("CosineAnnealingLR.per_batch", enabled))
 
     def validate(self) -> CosineAnnealingLR:
