@@ -438,14 +438,30 @@ class DeepLearningTask(FitLoop, SaveResume):
             loader = replica_loaders(self.distributed_config, None, loader)[1]
         return self._evaluate_loader(session, loader)
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Logits for already-normalised float32 NHWC inputs (normalise as the loader does)."""
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """float32 logits (N, classes) of raw data as in the training set (NHWC, its dtype: uint8 images
+        as they are), normalised as the loader normalised the training batches; what `Model.logits`
+        takes and returns, run on this task's device."""
         session = self.session()
-        x = np.asarray(x)
-        if x.dtype != np.float32 or x.ndim != 4 or x.shape[1:] != self.train_set.sample_shape:
-            raise ConfigError(f"predict(x): expected float32 (N, {', '.join(map(str, self.train_set.sample_shape))}), "
-                              f"got {x.dtype} {x.shape}")
-        return self._forward_padded(session, x)
+        if self.train_set is None:
+            raise ConfigError("logits(x) needs the task's training data (its input normalisation): call .data(train=...)")
+        return self._forward_padded(session, self._input_spec().normalise(x, "DeepLearningTask.logits(x)"))
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """Softmax of `logits(x)`, float32 (N, classes)."""
+        z = self.logits(x).astype(np.float64)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The predicted class (int64, N) of raw data as in the training set: `Model.predict`'s contract
+        (``task.model().predict(x)`` gives the same classes on the CPU). Logits and probabilities:
+        `logits(x)`, `probabilities(x)`.
+
+        >>> task.predict(val.x[:4])                 # doctest: +SKIP
+        array([3, 7, 7, 0])
+        """
+        return self.logits(x).argmax(axis=1).astype(np.int64)
 
 # PyTorch/Keras-style keywords: DeepLearningTask(model=bp, optimizer=SGD(lr=0.1), epochs=3) equals the chain
 TASK_KEYWORDS = ("model", "loss", "optimizer", "scheduler", "epochs", "device", "amp", "fuse", "seed", "drop_last",
