@@ -54,7 +54,8 @@ def _chain(constructor: str, calls: list[tuple[str, str]]) -> str:
     return constructor + "".join(f".{name}({args})" for name, args in calls)
 
 
-NOT_SETTERS = frozenset({"validate", "lr_at", "initial_state", "after_epoch", "lr_from"})   # public methods that do not return a changed value
+#: public methods that do not return a changed value
+NOT_SETTERS = frozenset({"validate", "lr_at", "initial_state", "after_epoch", "lr_from"})
 
 
 def setter_names(cls) -> tuple[str, ...]:

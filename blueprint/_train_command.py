@@ -115,7 +115,8 @@ def build_task(args, train, val, data_name: str) -> DeepLearningTask:
         bp, _ = load_model(args.model, train.sample_shape)
     if args.batch_size > len(train):
         print(f"warning: --batch-size {args.batch_size} is larger than the {len(train)} training samples, so every "
-              f"epoch is a single step of {len(train)}; pass a smaller --batch-size (e.g. {_suggested_batch(len(train))})",
+              f"epoch is a single step of {len(train)}; pass a smaller --batch-size "
+              f"(e.g. {_suggested_batch(len(train))})",
               file=sys.stderr)
     task = (DeepLearningTask().model(bp).loss(CrossEntropyLoss().label_smoothing(args.label_smoothing))
             .optimizer(optimizer_for(args)).scheduler(SCHEDULE_CHOICES[args.schedule](args.epochs))

@@ -30,8 +30,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from blueprint._config_values import (NOT_SETTERS, _chain, _check_position, _count, _flag, _non_negative, _number,
-                                      _positive, _unit_interval, keyword_construction, setter_names)
+from blueprint._config_values import (_chain, _check_position, _count, _flag, _non_negative, _positive,
+                                      _unit_interval, keyword_construction, setter_names)
 from blueprint._lr_schedules import OneCycleLR, ReduceLROnPlateau
 
 __all__ = [

@@ -98,7 +98,8 @@ class ModelCheckpoint:
     that falls out of the best ``keep`` is deleted. Each is a full task checkpoint (`Model.load`,
     `DeepLearningTask.load` and ``resume`` read it). Ties keep the earlier epoch.
 
-    >>> task = DeepLearningTask().checkpoint("run/checkpoint.safetensors").callback(ModelCheckpoint(keep=2))  # doctest: +SKIP
+    >>> task = (DeepLearningTask().checkpoint("run/checkpoint.safetensors")   # doctest: +SKIP
+    ...         .callback(ModelCheckpoint(keep=2)))
     """
 
     monitor: str = "val_loss"
@@ -221,7 +222,8 @@ def after_epoch(task, session, record) -> list[str]:
 def checkpoint_entries(session) -> tuple[dict, dict]:
     """(JSON state entries, tensors) that `save` adds to a checkpoint."""
     tracked = session.tracked
-    tensors = {f"{KEPT_PREFIX}{key}.{name}": value for key, kept in tracked.kept.items() for name, value in kept.items()}
+    tensors = {f"{KEPT_PREFIX}{key}.{name}": value
+               for key, kept in tracked.kept.items() for name, value in kept.items()}
     return {"tracked": tracked.states, "stopped": tracked.stopped}, tensors
 
 

@@ -122,8 +122,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         schedule starts from and the optimizer's ``lr`` is then not used (a warning says so when both
         are set); without it the schedule scales the optimizer's ``lr``."""
         if not isinstance(schedule, SCHEDULES):
-            raise TypeError(f"DeepLearningTask.scheduler(s): expected one of {', '.join(s.__name__ + '()' for s in SCHEDULES)}, "
-                            f"got {type(schedule).__name__}")
+            names = ", ".join(s.__name__ + "()" for s in SCHEDULES)
+            raise TypeError(f"DeepLearningTask.scheduler(s): expected one of {names}, got {type(schedule).__name__}")
         return self._new(scheduler_config=schedule.validate())
 
     def data(self, train=UNCHANGED, val=UNCHANGED, batch_size=UNCHANGED, eval_batch_size=UNCHANGED,
@@ -444,7 +444,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         takes and returns, run on this task's device."""
         session = self.session()
         if self.train_set is None:
-            raise ConfigError("logits(x) needs the task's training data (its input normalisation): call .data(train=...)")
+            raise ConfigError("logits(x) needs the task's training data (its input normalisation): "
+                              "call .data(train=...)")
         return self._forward_padded(session, self._input_spec().normalise(x, "DeepLearningTask.logits(x)"))
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ def _record(epoch, **values):
 # (patience, min_delta, mode, monitor, values, epoch it stops at (None: never), best epoch)
 EARLY = [
     (2, 0.0, "auto", "val_loss", [1.0, 0.9, 0.95, 0.91, 0.5], 4, 2),
-    (2, 0.1, "auto", "val_loss", [1.0, 0.95, 0.91, 0.8], 3, 1),          # 0.95 and 0.91 are within min_delta of the best
+    (2, 0.1, "auto", "val_loss", [1.0, 0.95, 0.91, 0.8], 3, 1),          # 0.95, 0.91: within min_delta of 1.0
     (1, 0.0, "auto", "val_accuracy", [0.1, 0.2, 0.2, 0.3], 3, 2),        # equal is not better
     (3, 0.0, "max", "val_loss", [1.0, 0.9, 0.8, 1.1, 1.0], None, 4),    # mode max on a loss: rises are improvements
     (2, 0.0, "auto", "val_loss", [math.nan, 1.0, 1.0, 1.0], 4, 2),          # NaN never improves
@@ -58,7 +58,8 @@ def test_model_checkpoint_ranks_by_the_monitor_and_keeps_n():
         outcome = callback.after_epoch(state, _record(epoch, val_loss=loss), dict)
         state = outcome.state
         on_disk = (on_disk | ({outcome.write} if outcome.write else set())) - set(outcome.remove)
-    assert on_disk == {"best-epoch003.safetensors", "best-epoch004.safetensors"}   # 0.4, and the first 0.45 (a tie keeps the earlier)
+    # 0.4, and the first 0.45 (a tie keeps the earlier)
+    assert on_disk == {"best-epoch003.safetensors", "best-epoch004.safetensors"}
 
 
 def _model():
@@ -93,7 +94,8 @@ def test_the_run_stops_cuts_and_restores_as_configured(straight):
     assert [r.lr for r in history] == [0.2, 0.2, 0.1]           # cut after epoch 2 (and 3), as the rule says
     assert task.stopped.startswith("early stopping: val_loss did not improve for 2 epochs")
     ranked = sorted(history, key=lambda r: (r.val_loss, r.epoch))[:2]
-    assert sorted(p.name for p in folder.glob("best-*")) == sorted(f"best-epoch{r.epoch:03d}.safetensors" for r in ranked)
+    expected = sorted(f"best-epoch{r.epoch:03d}.safetensors" for r in ranked)
+    assert sorted(p.name for p in folder.glob("best-*")) == expected
 
 
 def test_restore_best_puts_back_the_weights_of_the_best_epoch(sets, straight, tmp_path):

@@ -18,7 +18,8 @@ def _torch_optimizer(lr):
 
 ONE_CYCLE = [
     ("defaults", dict(), dict()),
-    ("linear, short warm-up", dict(pct_start=0.1, anneal_strategy="linear"), dict(pct_start=0.1, anneal_strategy="linear")),
+    ("linear, short warm-up", dict(pct_start=0.1, anneal_strategy="linear"),
+     dict(pct_start=0.1, anneal_strategy="linear")),
     ("three phases", dict(three_phase=True, div_factor=10.0, final_div_factor=100.0),
      dict(three_phase=True, div_factor=10.0, final_div_factor=100.0)),
 ]
@@ -34,8 +35,8 @@ def test_one_cycle_matches_torch_at_every_step(name, ours, theirs):
     for epoch in range(epochs):
         for step in range(steps):
             expected = optimizer.param_groups[0]["lr"]
-            assert math.isclose(schedule.lr_at(epoch, step, steps, 99.0, epochs), expected, rel_tol=ULPS, abs_tol=1e-15), \
-                (epoch, step)
+            ours = schedule.lr_at(epoch, step, steps, 99.0, epochs)
+            assert math.isclose(ours, expected, rel_tol=ULPS, abs_tol=1e-15), (epoch, step)
             optimizer.step()
             scheduler.step()
 
