@@ -18,18 +18,20 @@ from blueprint import zoo
 from blueprint._launch import add_launch_arguments, in_torchrun_worker, launch_workers
 from blueprint._model_source import CliError, load_model
 from blueprint._run_folder import append_history, keep_earlier, new_run_id, run_folder
-from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
+from blueprint._train_options import (DEFAULT_VAL_FRACTION, OPTIMIZERS, SCHEDULE_CHOICES, DataOptions,
+                                      add_training_arguments, augment_for, callbacks_for, data_options, optimizer_for,
+                                      plural)
+from blueprint.optim import CrossEntropyLoss
 from blueprint.task import DeepLearningTask
 from blueprint.task._position import interrupt_path
-from blueprint.task.data import Augment, cifar10, digits, synthetic
+from blueprint.task.data import cifar10, digits, image_folder, synthetic, validation_split
 
 DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 32, "seed": 0}
 CHECKPOINT_NAME = "checkpoint.safetensors"
 SYNTHETIC_SIZES = (2048, 512)   # train, val: two draws from one synthetic distribution
-DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
 OUTPUT_HELP = ("Progress goes to stderr: a bar per batch on a terminal, one line per epoch (train and "
                "validation loss/accuracy, time, img/s, lr) anywhere else; the result goes to stdout.")
-AUGMENT = {"digits": None, "cifar10": Augment(crop_padding=4, hflip=True), "synthetic": None}
+FOLDER_SPLITS = ("train", "val")   # folder:PATH with these two subfolders is already split
 
 
 def add_train_command(subparsers) -> None:
@@ -38,17 +40,18 @@ def add_train_command(subparsers) -> None:
     command.add_argument("--model", default=DEFAULTS["model"],
                          help="zoo name (blueprint models lists them) or path/to/file.py:attr (default %(default)s)")
     command.add_argument("--data", default=DEFAULTS["data"],
-                         help="digits (bundled), cifar10:PATH (the binary CIFAR-10 files) or synthetic "
-                              "(default %(default)s)")
+                         help="digits (bundled), cifar10:PATH (the binary CIFAR-10 files), folder:PATH (one "
+                              "subfolder of JPEG/PNG images per class, or train/ and val/ folders of those; needs "
+                              "Pillow) or synthetic (default %(default)s)")
     command.add_argument("--epochs", type=int, default=DEFAULTS["epochs"],
                          help="total epochs, counted from the start of the run (default %(default)s)")
     command.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
                          help="training batch size (default %(default)s; evaluation uses 256)")
     command.add_argument("--lr", type=float, default=None,
-                         help="peak learning rate of the cosine schedule with one warmup epoch "
-                              f"(default {DEFAULT_LR['sgd']} sgd, {DEFAULT_LR['adamw']} adamw)")
-    command.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
-                         help="sgd (momentum 0.9, nesterov, weight decay 5e-4) or adamw (weight decay 0.05) "
+                         help="peak learning rate of the schedule (default "
+                              + ", ".join(f"{lr} {name}" for name, (_, lr) in OPTIMIZERS.items()) + ")")
+    command.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd",
+                         help="sgd (momentum 0.9, nesterov, weight decay 5e-4), adam or adamw (weight decay 0.05) "
                               "(default %(default)s)")
     command.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                          help="cpu: the fp32 reference path; cuda: fp16 fused kernels (default %(default)s)")
@@ -64,15 +67,21 @@ def add_train_command(subparsers) -> None:
                          help="print only the final metrics, as one JSON object on stdout (no progress)")
     command.add_argument("--quiet", action="store_true",
                          help="no progress bar, compile notice or per-epoch lines; only the final result")
+    add_training_arguments(command)
     add_launch_arguments(command)
     command.set_defaults(run=run_train, train_command=command)
 
 
-def load_data(spec: str):
+def load_data(spec: str, options: DataOptions = DataOptions()):
     """(train, val, dataset name) for a --data value."""
+    fraction = DEFAULT_VAL_FRACTION if options.val_fraction is None else options.val_fraction
+    if options.val_fraction is not None and not (spec == "digits" or spec.startswith("folder:")):
+        raise CliError(f"--val-fraction applies to digits and folder:PATH; {spec} comes with its own validation set")
     if spec == "digits":
-        train, val = digits()
+        train, val = digits(fraction)
         return train, val, "digits"
+    if spec.startswith("folder:") and spec != "folder:":
+        return (*_folder(Path(spec.split(":", 1)[1]), options.image_size, fraction), "folder")
     if spec == "synthetic":
         train_size, val_size = SYNTHETIC_SIZES
         return synthetic(train_size, seed=0, draw=0), synthetic(val_size, seed=0, draw=1), "synthetic"
@@ -80,7 +89,20 @@ def load_data(spec: str):
         train, test = cifar10(spec.split(":", 1)[1])
         return train, test, "cifar10"
     fix = "; name the folder of the binary CIFAR-10 files after the colon" if spec.startswith("cifar10") else ""
-    raise CliError(f"--data: expected digits, synthetic or cifar10:PATH, got {spec!r}{fix}")
+    raise CliError(f"--data: expected digits, synthetic, cifar10:PATH or folder:PATH, got {spec!r}{fix}")
+
+
+def _folder(root: Path, size: int, fraction: float):
+    """(train, val) of an image folder: its train/ and val/ subfolders, or a stratified split of it."""
+    if all((root / split).is_dir() for split in FOLDER_SPLITS):
+        train, val = (image_folder(root / split, size) for split in FOLDER_SPLITS)
+        if train.classes != val.classes:
+            raise CliError(f"--data folder:{root}: train/ has classes {list(train.classes)} but val/ has "
+                           f"{list(val.classes)}; give both the same class subfolders")
+        return train, val
+    if fraction <= 0:
+        raise CliError(f"--data folder:{root} has no train/ and val/ subfolders, so --val-fraction must be > 0")
+    return validation_split(image_folder(root, size), fraction)
 
 
 def build_task(args, train, val, data_name: str) -> DeepLearningTask:
@@ -91,13 +113,24 @@ def build_task(args, train, val, data_name: str) -> DeepLearningTask:
             if args.model != "mlp" else zoo.mlp([_features(train)] + [256, 128, max(train.num_classes, val.num_classes)])
     else:
         bp, _ = load_model(args.model, train.sample_shape)
-    lr = args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
-    optimizer = (SGD().momentum(0.9).nesterov(True).weight_decay(5e-4) if args.optimizer == "sgd"
-                 else AdamW().weight_decay(0.05)).lr(lr)
-    return (DeepLearningTask().model(bp).loss(CrossEntropyLoss().label_smoothing(0.05)).optimizer(optimizer)
-            .scheduler(CosineAnnealingLR().warmup(1))
-            .data(train=train, val=val, batch_size=args.batch_size, eval_batch_size=256, augment=AUGMENT[data_name])
+    if args.batch_size > len(train):
+        print(f"warning: --batch-size {args.batch_size} is larger than the {len(train)} training samples, so every "
+              f"epoch is a single step of {len(train)}; pass a smaller --batch-size "
+              f"(e.g. {_suggested_batch(len(train))})",
+              file=sys.stderr)
+    task = (DeepLearningTask().model(bp).loss(CrossEntropyLoss().label_smoothing(args.label_smoothing))
+            .optimizer(optimizer_for(args)).scheduler(SCHEDULE_CHOICES[args.schedule](args.epochs))
+            .data(train=train, val=val, batch_size=args.batch_size, eval_batch_size=256,
+                  augment=augment_for(args, data_name))
             .epochs(args.epochs).device(args.device).seed(args.seed).progress(not (args.json or args.quiet)))
+    for callback in callbacks_for(args):
+        task = task.callback(callback)
+    return task
+
+
+def _suggested_batch(samples: int) -> int:
+    """A power of two giving at least ten steps per epoch."""
+    return max(1, 2 ** max(0, (samples // 10).bit_length() - 1))
 
 
 def _features(dataset) -> int:
@@ -113,7 +146,7 @@ def run_train(args) -> int:
             from cuda_kernels._collective import select_local_device
             select_local_device()
         _check_cuda()
-    train, val, data_name = load_data(args.data)
+    train, val, data_name = load_data(args.data, data_options(args))
     task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched
     if in_torchrun_worker():   # one data-parallel replica; rank 0 alone writes the run folder and prints
         task = task.distributed(sync_batchnorm=args.sync_batchnorm)
@@ -145,11 +178,14 @@ def run_train(args) -> int:
     train_seconds = sum(len(train) / r.images_per_second for r in history)
     metrics = {"val_accuracy": last.val_accuracy, "val_loss": last.val_loss, "epochs": last.epoch,
                "seconds": round(seconds, 3), "images_per_second": round(len(train) * len(history) / train_seconds, 1),
-               "checkpoint": str(checkpoint), "run": run_id, "kept": [str(k) for k in kept]}
+               "checkpoint": str(checkpoint), "run": run_id, "kept": [str(k) for k in kept],
+               "stopped_early": last.epoch < args.epochs}
     if args.json:
         print(json.dumps(metrics))
     else:
-        print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {last.epoch} epochs in {seconds:.1f} s, "
+        early = " (stopped early)" if last.epoch < args.epochs else ""
+        print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {plural(last.epoch, 'epoch')}{early} "
+              f"in {seconds:.1f} s, "
               f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")
         print(f"checkpoint {checkpoint}, history {out / 'history.jsonl'} (run {run_id})"
               + (f", plot {plot}" if plot else ""))

@@ -9,7 +9,12 @@ are the optimizer kernels in ``cpu_ref`` / ``cuda_kernels`` (see docs/kernel-con
 ``repr()`` of every value is constructor-chain code that evaluates back to an equal value,
 so a checkpoint can store it as text. Every config also takes its setters' names as keywords,
 PyTorch-style: ``SGD(lr=0.1, momentum=0.9) == SGD().lr(0.1).momentum(0.9)`` (the same value, the
-same ``repr``; a setter with several arguments takes a tuple: ``Adam(betas=(0.9, 0.99))``):
+same ``repr``; a setter with several arguments takes a tuple: ``Adam(betas=(0.9, 0.99))``).
+
+**One learning rate.** The optimizer's ``lr`` is the learning rate the schedule shapes. A schedule
+may set its own ``base_lr`` (``max_lr`` for `OneCycleLR`); then that value is the one used and the
+optimizer's ``lr`` is ignored, and `DeepLearningTask` warns when the optimizer's ``lr`` was set to
+another value. Set the learning rate in one place.
 
 >>> from blueprint.optim import *
 >>> opt = SGD().lr(0.1).momentum(0.9).nesterov(True)
@@ -22,8 +27,12 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
+
+from blueprint._config_values import (_chain, _check_position, _count, _flag, _non_negative, _positive,
+                                      _unit_interval, keyword_construction, setter_names)
+from blueprint._lr_schedules import OneCycleLR, ReduceLROnPlateau
 
 __all__ = [
     "CrossEntropyLoss",
@@ -34,111 +43,10 @@ __all__ = [
     "StepLR",
     "MultiStepLR",
     "CosineAnnealingLR",
+    "OneCycleLR",
+    "ReduceLROnPlateau",
 ]
 
-
-# ---------------------------------------------------------------- argument checks
-
-def _number(setter: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{setter} expects a real number; found {type(value).__name__} {value!r}.")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{setter} expects a finite number; found {value!r}.")
-    return value
-
-
-def _non_negative(setter: str, value) -> float:
-    value = _number(setter, value)
-    if value < 0:
-        raise ValueError(f"{setter} expects a value >= 0; found {value!r}. Pass a non-negative number.")
-    return value
-
-
-def _positive(setter: str, value) -> float:
-    value = _number(setter, value)
-    if value <= 0:
-        raise ValueError(f"{setter} expects a value > 0; found {value!r}. Pass a positive number.")
-    return value
-
-
-def _unit_interval(setter: str, value) -> float:
-    """A value in [0, 1)."""
-    value = _number(setter, value)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"{setter} expects a value in [0, 1); found {value!r}.")
-    return value
-
-
-def _count(setter: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{setter} expects an integer number of epochs/steps; found {type(value).__name__} {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{setter} expects an integer >= {minimum}; found {value}.")
-    return value
-
-
-def _flag(setter: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{setter} expects True or False; found {type(value).__name__} {value!r}.")
-    return value
-
-
-def _chain(constructor: str, calls: list[tuple[str, str]]) -> str:
-    return constructor + "".join(f".{name}({args})" for name, args in calls)
-
-
-NOT_SETTERS = frozenset({"validate", "lr_at"})   # public methods that do not return a changed value
-
-
-def setter_names(cls) -> tuple[str, ...]:
-    """The builder methods of a config class, in definition order: its keyword arguments."""
-    names = []
-    for klass in reversed(cls.__mro__[:-1]):
-        for name, member in vars(klass).items():
-            if callable(member) and not name.startswith("_") and name not in NOT_SETTERS and name not in names:
-                names.append(name)
-    return tuple(names)
-
-
-def keyword_construction(cls, setters: tuple[str, ...] | None = None, hint: str = ""):
-    """Let ``cls(setter=value, ...)`` equal ``cls().setter(value)...`` (validated by the setters);
-    ``setters`` defaults to every builder method (:func:`setter_names`).
-
-    Field names stay accepted as keywords because ``dataclasses.replace`` builds values with them;
-    positional arguments are refused (``SGD(model.parameters(), lr=0.1)`` has nothing to bind to:
-    the task owns the parameters)."""
-    field_init = cls.__init__
-    setters = setters or setter_names(cls)
-    field_names = {f.name for f in fields(cls)}
-
-    def __init__(self, *args, **kwargs):
-        if args:
-            raise TypeError(f"{cls.__name__}() takes keyword arguments only; found {len(args)} positional "
-                            f"argument(s). Pass e.g. {cls.__name__}({setters[0]}=...); accepted keywords: "
-                            f"{', '.join(setters)}. (The task owns the parameters: do not pass them.)")
-        unknown = [k for k in kwargs if k not in setters and k not in field_names]
-        if unknown:
-            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {unknown[0]!r}; accepted "
-                            f"keywords: {', '.join(setters)}.{hint}")
-        field_init(self, **{k: v for k, v in kwargs.items() if k in field_names})
-        value = self
-        for name, argument in kwargs.items():
-            if name in setters:
-                value = getattr(value, name)(*(argument if _takes_several(cls, name) else (argument,)))
-        if value is not self:
-            for f in fields(cls):
-                object.__setattr__(self, f.name, getattr(value, f.name))
-
-    __init__.__qualname__ = f"{cls.__name__}.__init__"
-    __init__.__doc__ = f"Keywords: {', '.join(setters)} (each the setter of that name)."
-    cls.__init__ = __init__
-    return cls
-
-
-def _takes_several(cls, setter: str) -> bool:
-    code = getattr(cls, setter).__code__
-    return code.co_argcount > 2       # self plus more than one argument: passed as a tuple
 
 
 # ---------------------------------------------------------------- loss
@@ -159,6 +67,7 @@ class CrossEntropyLoss:
     smoothing: float = 0.0
 
     def label_smoothing(self, x: float) -> CrossEntropyLoss:
+        """Mix the one-hot target with the uniform distribution by ``x`` (0 <= x < 1; torch's rule)."""
         return replace(self, smoothing=_unit_interval("CrossEntropyLoss.label_smoothing", x))
 
     def __repr__(self) -> str:
@@ -195,18 +104,23 @@ class SGD:
     weight_decay_factor: float = 0.0
 
     def lr(self, x: float) -> SGD:
+        """The learning rate (default 0.1); a schedule's own ``base_lr`` replaces it."""
         return replace(self, learning_rate=_non_negative("SGD.lr", x))
 
     def momentum(self, m: float) -> SGD:
+        """The momentum factor (default 0: none)."""
         return replace(self, momentum_factor=_non_negative("SGD.momentum", m))
 
     def dampening(self, d: float) -> SGD:
+        """Dampening of the momentum (default 0)."""
         return replace(self, dampening_factor=_non_negative("SGD.dampening", d))
 
     def nesterov(self, enabled: bool = True) -> SGD:
+        """Nesterov momentum (needs momentum > 0 and dampening 0)."""
         return replace(self, use_nesterov=_flag("SGD.nesterov", enabled))
 
     def weight_decay(self, w: float) -> SGD:
+        """L2 penalty added to the gradient (coupled, as torch's SGD; default 0)."""
         return replace(self, weight_decay_factor=_non_negative("SGD.weight_decay", w))
 
     @property
@@ -242,16 +156,20 @@ class _AdamSetters:
     state_slots: ClassVar[int] = 2  # first and second moment
 
     def lr(self, x: float):
+        """The learning rate (default 1e-3); a schedule's own ``base_lr`` replaces it."""
         return replace(self, learning_rate=_non_negative(f"{type(self).__name__}.lr", x))
 
     def betas(self, b1: float, b2: float):
+        """The decay rates of the first and second moment (default 0.9, 0.999)."""
         where = f"{type(self).__name__}.betas"
         return replace(self, beta1=_unit_interval(where, b1), beta2=_unit_interval(where, b2))
 
     def eps(self, e: float):
+        """Added to the denominator (default 1e-8)."""
         return replace(self, epsilon=_positive(f"{type(self).__name__}.eps", e))
 
     def weight_decay(self, w: float):
+        """Weight decay: added to the gradient (Adam) or decoupled (AdamW)."""
         return replace(self, weight_decay_factor=_non_negative(f"{type(self).__name__}.weight_decay", w))
 
     def validate(self):
@@ -314,19 +232,6 @@ class AdamW(_AdamSetters):
 
 # ---------------------------------------------------------------- schedules
 
-def _check_position(schedule: str, epoch: int, step: int, steps_per_epoch: int, total_epochs: int) -> None:
-    if steps_per_epoch < 1 or total_epochs < 1:
-        raise ValueError(
-            f"{schedule}.lr_at expects steps_per_epoch >= 1 and total_epochs >= 1; "
-            f"found {steps_per_epoch} and {total_epochs}."
-        )
-    if epoch < 0 or not 0 <= step < steps_per_epoch:
-        raise ValueError(
-            f"{schedule}.lr_at expects epoch >= 0 and 0 <= step < steps_per_epoch ({steps_per_epoch}); "
-            f"found epoch {epoch}, step {step}."
-        )
-
-
 def _base_or(own: float | None, optimizer_lr: float) -> float:
     return optimizer_lr if own is None else own
 
@@ -356,6 +261,7 @@ class ConstantLR:
     base_learning_rate: float | None = None
 
     def base_lr(self, x: float | None) -> ConstantLR:
+        """The learning rate (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("ConstantLR.base_lr", x))
 
     def validate(self) -> ConstantLR:
@@ -392,15 +298,19 @@ class StepLR:
     batchwise: bool = False
 
     def step_size(self, k: int) -> StepLR:
+        """Epochs (or batches, per_batch) between two cuts by gamma."""
         return replace(self, period=_count("StepLR.step_size", k, 1))
 
     def gamma(self, g: float) -> StepLR:
+        """The factor of each cut (default 0.1)."""
         return replace(self, factor=_positive("StepLR.gamma", g))
 
     def base_lr(self, x: float | None) -> StepLR:
+        """The starting lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("StepLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> StepLR:
+        """Count batches instead of epochs."""
         return replace(self, batchwise=_flag("StepLR.per_batch", enabled))
 
     def validate(self) -> StepLR:
@@ -442,18 +352,22 @@ class MultiStepLR:
     batchwise: bool = False
 
     def milestones(self, positions) -> MultiStepLR:
+        """The epochs (or batches, per_batch) at which the lr is cut by gamma."""
         positions = tuple(_count("MultiStepLR.milestones", p, 0) for p in positions)
         if len(set(positions)) != len(positions):
             raise ValueError(f"MultiStepLR.milestones expects distinct positions; found {list(positions)}.")
         return replace(self, milestone_positions=tuple(sorted(positions)))
 
     def gamma(self, g: float) -> MultiStepLR:
+        """The factor of each cut (default 0.1)."""
         return replace(self, factor=_positive("MultiStepLR.gamma", g))
 
     def base_lr(self, x: float | None) -> MultiStepLR:
+        """The starting lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("MultiStepLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> MultiStepLR:
+        """Count batches instead of epochs."""
         return replace(self, batchwise=_flag("MultiStepLR.per_batch", enabled))
 
     def validate(self) -> MultiStepLR:
@@ -513,18 +427,23 @@ class CosineAnnealingLR:
     batchwise: bool = True
 
     def warmup(self, epochs: int) -> CosineAnnealingLR:
+        """Epochs of linear warmup before the cosine (default 0)."""
         return replace(self, warmup_epochs=_count("CosineAnnealingLR.warmup", epochs, 0))
 
     def eta_min(self, y: float) -> CosineAnnealingLR:
+        """The lr at the end of the cosine (default 0)."""
         return replace(self, min_lr=_non_negative("CosineAnnealingLR.eta_min", y))
 
     def t_max(self, epochs: int | None) -> CosineAnnealingLR:
+        """Epochs of the cosine after warmup (None: the rest of the run)."""
         return replace(self, period_epochs=None if epochs is None else _count("CosineAnnealingLR.t_max", epochs, 1))
 
     def base_lr(self, x: float | None) -> CosineAnnealingLR:
+        """The peak lr (None: the optimizer's lr; when set it replaces that lr)."""
         return replace(self, base_learning_rate=None if x is None else _non_negative("CosineAnnealingLR.base_lr", x))
 
     def per_batch(self, enabled: bool = True) -> CosineAnnealingLR:
+        """Anneal every batch (default) or once per epoch."""
         return replace(self, batchwise=_flag("CosineAnnealingLR.per_batch", enabled))
 
     def validate(self) -> CosineAnnealingLR:
@@ -556,3 +475,7 @@ class CosineAnnealingLR:
         if self.period_epochs is not None:
             calls.append(("t_max", repr(self.period_epochs)))
         return _chain("CosineAnnealingLR()", calls + _common_calls(self, True))
+
+
+#: Every learning-rate schedule `DeepLearningTask.scheduler` takes (and a checkpoint may name).
+SCHEDULES = (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR, OneCycleLR, ReduceLROnPlateau)

@@ -117,6 +117,10 @@ class Console:
             self._bar.close()
             self._bar = None
 
+    def say(self, line: str) -> None:
+        """One line of news from training (a callback stopping it, a cut learning rate)."""
+        self._write(line)
+
     def epoch_done(self, record, epochs: int, steps: int, compile_seconds: float) -> None:
         self._write(epoch_line(record, epochs, steps, compile_seconds))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blueprint.task._callbacks import StopTraining, after_epoch, scheduled_lr
 from blueprint.task._console import Console
 from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
 from blueprint.task._replica_task import epoch_sums, reduce_metrics, stop_replicas_on_error
@@ -52,6 +53,8 @@ class FitLoop:
         loader, val_loader, _ = self._loaders()
         steps = loader.steps_per_epoch
         for epoch in range(session.epochs_done, self.epoch_count):
+            if session.tracked.stopped:   # a callback ended the run (perhaps before an interrupt and resume)
+                break
             start = time.perf_counter()
             resumed = session.position is not None and session.position.epoch == epoch
             position = session.position if resumed else Position(epoch, lr=self.base_lr)
@@ -73,6 +76,8 @@ class FitLoop:
             session.history.append(record)
             console.epoch_done(record, self.epoch_count, steps, console.epoch_compile_seconds())
             session.epochs_done, session.position = epoch + 1, None
+            for message in after_epoch(self, session, record):   # before the checkpoint, which holds their state
+                console.say(message)
             if not self._writes:   # rank 0 alone writes the log and checkpoints and runs the callbacks
                 continue
             if self.log_path:
@@ -81,10 +86,23 @@ class FitLoop:
             if self.checkpoint_path:
                 self.save(self.checkpoint_path)
                 interrupt_path(Path(self.checkpoint_path)).unlink(missing_ok=True)   # superseded
-            for fn in self.callbacks:
-                fn(record)
+            self._call_functions(session, record, console)
             interrupt.check()
         return list(session.history)
+
+    def _call_functions(self, session, record: EpochRecord, console: Console) -> None:
+        """The plain callbacks; one raising StopTraining (or StopIteration) ends the run after this epoch."""
+        for fn in self.callbacks:
+            if not callable(fn):
+                continue
+            try:
+                fn(record)
+            except (StopTraining, StopIteration) as stop:
+                if session.tracked.stopped is None:
+                    session.tracked.stopped = str(stop) or f"stopped by callback {getattr(fn, '__name__', fn)!r}"
+                    console.say(session.tracked.stopped)
+                    if self.checkpoint_path:   # the stop is part of the run's state
+                        self.save(self.checkpoint_path)
 
     def _train_steps(self, session, interrupt: DeferredInterrupt, loader, order, position: Position,
                      console: Console, start: float) -> Position:
@@ -114,7 +132,7 @@ class FitLoop:
             for step in range(position.batch, steps):
                 interrupt.check()
                 x, y = loader.batch(epoch, step, order)
-                lr = self.scheduler_config.lr_at(epoch, step, steps, self.base_lr, self.epoch_count)
+                lr = scheduled_lr(self, session, epoch, step, steps)
                 interrupt.stepping = True    # the executor is changing the weights
                 in_flight.append((step, lr, len(y), executor.submit_train_step(x, y, lr)))
                 interrupt.stepping = False

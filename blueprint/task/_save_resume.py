@@ -12,7 +12,8 @@ import numpy as np
 from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
 from blueprint._parse import parse_as
-from blueprint.optim import SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR
+from blueprint.optim import SCHEDULES, SGD, Adam, AdamW, CrossEntropyLoss
+from blueprint.task._callbacks import checkpoint_entries, read_tracked
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 from blueprint.task._fit_loop import EpochRecord
 from blueprint.task._position import Position, check_resumable
@@ -40,6 +41,9 @@ class SaveResume:
                  "position": None if position is None else position.as_state(),
                  "world_size": 1 if self.distributed_config is None else self.distributed_config.world_size,
                  "history": [r.as_dict() for r in session.history]}
+        tracked_state, tracked_tensors = checkpoint_entries(session)
+        state.update(tracked_state)
+        tensors.update(tracked_tensors)
         path = Path(path)
         save_checkpoint(path, tensors, state)
         return path
@@ -92,10 +96,12 @@ class SaveResume:
                                        self._loaders()[0].steps_per_epoch)
         if position is not None and self.distributed_config is not None:
             position = resumed_position(self.distributed_config, position)
+        tracked = read_tracked(path, state, tensors)
         # everything checked: only now change the session
         session.executor.load_state_dict(weights)
         session.executor.load_optimizer_state(optimizer_state)
         session.epochs_done, session.history, session.position, session.resumed = epochs_done, history, position, True
+        session.tracked = tracked
         if not self._session:
             self._session.append(session)
         return self
@@ -133,8 +139,7 @@ class SaveResume:
         return (cls().model(parse_as(state.get("blueprint"), f"{path}: model", (BluePrint,)))
                 .loss(parse_as(state.get("loss"), f"{path}: loss", (CrossEntropyLoss,)))
                 .optimizer(parse_as(state.get("optimizer"), f"{path}: optimizer", (SGD, Adam, AdamW)))
-                .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler",
-                                    (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)))
+                .scheduler(parse_as(state.get("scheduler"), f"{path}: scheduler", SCHEDULES))
                 .epochs(_count(path, state, "epochs", 1)).seed(_count(path, state, "seed", 0))
                 ._new(batch=_count(path, state, "batch_size", 1)))
 

@@ -7,6 +7,7 @@ session stays attached to that task value for `evaluate()`, `predict()` and `sav
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -15,14 +16,14 @@ import numpy as np
 
 from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
-from blueprint.optim import (SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
-                             keyword_construction)
+from blueprint.optim import SCHEDULES, SGD, Adam, AdamW, ConstantLR, CrossEntropyLoss, keyword_construction
+from blueprint.task._callbacks import TRACKED_CALLBACKS, Tracked, check_tracked
 from blueprint.task._fit_loop import DivergedError, EpochRecord, FitLoop, classification_metrics
 from blueprint.task._replica_task import (check_replica_batch, place_replica, replica_loaders, replica_samples,
                                           replicate)
 from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
 from blueprint.task._save_resume import CHECKPOINT_FORMAT, SaveResume
-from blueprint.task.data import ArrayDataset, Augment, DataLoader
+from blueprint.task.data import ArrayDataset, Augment, DataLoader, validation_split
 
 if TYPE_CHECKING:
     from blueprint._model import Model
@@ -31,6 +32,7 @@ __all__ = ["CHECKPOINT_FORMAT", "ConfigError", "DeepLearningTask", "DivergedErro
            "classification_metrics"]
 
 DEVICES = ("cpu", "cuda")
+UNCHANGED = object()   # a setter argument that was not passed: the value stays as it was
 
 
 @dataclass
@@ -45,6 +47,7 @@ class _Session:
     position: Position | None = None   # mid-epoch: where the epoch in progress stands
     resumed: bool = False
     input_spec: tuple = ()             # (train set, repr of normalisation, InputSpec): measured once per data
+    tracked: Tracked = field(default_factory=Tracked)   # callbacks' and a plateau schedule's state; why it stopped
 
     @property
     def holds_training(self) -> bool:
@@ -102,23 +105,45 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self._new(blueprint_value=bp)
 
     def loss(self, loss: CrossEntropyLoss) -> "DeepLearningTask":
+        """The loss (default `CrossEntropyLoss()`; e.g. ``CrossEntropyLoss(label_smoothing=0.1)``)."""
         if not isinstance(loss, CrossEntropyLoss):
             raise TypeError(f"DeepLearningTask.loss(loss): expected CrossEntropyLoss(), got {type(loss).__name__}")
         return self._new(loss_config=loss)
 
     def optimizer(self, opt) -> "DeepLearningTask":
+        """The optimizer: `SGD`, `Adam` or `AdamW` (default ``SGD()``, lr 0.1). Its ``lr`` is the learning
+        rate unless the schedule sets its own ``base_lr`` (see `scheduler`)."""
         if not isinstance(opt, (SGD, Adam, AdamW)):
             raise TypeError(f"DeepLearningTask.optimizer(opt): expected SGD(), Adam() or AdamW(), got {type(opt).__name__}")
         return self._new(optimizer_config=opt.validate())
 
     def scheduler(self, schedule) -> "DeepLearningTask":
-        if not isinstance(schedule, (ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)):
-            raise TypeError("DeepLearningTask.scheduler(s): expected ConstantLR(), StepLR(), MultiStepLR() or "
-                            f"CosineAnnealingLR(), got {type(schedule).__name__}")
+        """The learning-rate schedule (default `ConstantLR()`). Its ``base_lr``, when set, is the lr the
+        schedule starts from and the optimizer's ``lr`` is then not used (a warning says so when both
+        are set); without it the schedule scales the optimizer's ``lr``."""
+        if not isinstance(schedule, SCHEDULES):
+            names = ", ".join(s.__name__ + "()" for s in SCHEDULES)
+            raise TypeError(f"DeepLearningTask.scheduler(s): expected one of {names}, got {type(schedule).__name__}")
         return self._new(scheduler_config=schedule.validate())
 
-    def data(self, train: ArrayDataset | None = None, val: ArrayDataset | None = None, batch_size: int | None = None,
-             eval_batch_size: int | None = None, augment: Augment | None = None, normalize="auto") -> "DeepLearningTask":
+    def data(self, train=UNCHANGED, val=UNCHANGED, batch_size=UNCHANGED, eval_batch_size=UNCHANGED,
+             augment=UNCHANGED, normalize=UNCHANGED, val_fraction: float | None = None) -> "DeepLearningTask":
+        """Set what the call names, leave the rest as it was: ``train``/``val`` (`ArrayDataset`s; ``val=None``
+        removes the validation set), ``batch_size`` (default 128), ``eval_batch_size`` (None: the batch
+        size), ``augment`` (an `Augment` or None), ``normalize`` ("auto": the train set's channel
+        statistics, None, or a (mean, std) pair). ``val_fraction`` holds out that share of ``train``
+        (stratified, `validation_split`) as the validation set.
+
+        >>> task = DeepLearningTask().data(train=train, val=val).data(batch_size=32)   # doctest: +SKIP
+        >>> task.val_set is val                                                         # doctest: +SKIP
+        True
+        """
+        train = self.train_set if train is UNCHANGED else train
+        val = self.val_set if val is UNCHANGED else val
+        batch_size = None if batch_size is UNCHANGED else batch_size
+        eval_batch_size = self.eval_batch if eval_batch_size is UNCHANGED else eval_batch_size
+        augment = self.augmentation if augment is UNCHANGED else augment
+        normalize = self.normalisation if normalize is UNCHANGED else normalize
         for name, value in (("train", train), ("val", val)):
             if value is not None and not isinstance(value, ArrayDataset):
                 raise TypeError(f"DeepLearningTask.data({name}=...): expected an ArrayDataset, got "
@@ -127,6 +152,11 @@ class DeepLearningTask(FitLoop, SaveResume):
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"DeepLearningTask.data({name}=...): expected a positive int, got {value!r}")
+        if val_fraction is not None:
+            if train is None or val is not None:
+                raise ConfigError("DeepLearningTask.data(val_fraction=...) splits the training set into train and "
+                                  "val: pass train=... and no val (or val=None)")
+            train, val = validation_split(train, val_fraction)
         if not (normalize is None or (isinstance(normalize, str) and normalize == "auto")
                 or (isinstance(normalize, tuple) and len(normalize) == 2)):
             raise ConfigError(f"DeepLearningTask.data(normalize=...): expected 'auto' (the train set's channel "
@@ -135,6 +165,7 @@ class DeepLearningTask(FitLoop, SaveResume):
                          eval_batch=eval_batch_size, augmentation=augment, normalisation=normalize)
 
     def epochs(self, n: int) -> "DeepLearningTask":
+        """The total number of epochs (default 1); a schedule spans them all."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"DeepLearningTask.epochs(n): expected a positive int, got {n!r}")
         return self._new(epoch_count=n)
@@ -151,26 +182,34 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self._new(device_name=name)
 
     def amp(self, enabled: bool) -> "DeepLearningTask":
+        """fp16 activations with fp32 master weights (default: on for cuda, off for cpu; cpu needs off)."""
         return self._new(amp_enabled=_flag("amp", enabled))
 
     def fuse(self, enabled: bool) -> "DeepLearningTask":
+        """Fused kernels (default: on for cuda, off for cpu); needs ``amp(True)``."""
         return self._new(fuse_enabled=_flag("fuse", enabled))
 
     def seed(self, value: int) -> "DeepLearningTask":
+        """Seeds the initial weights, the data order, augmentation and dropout (default 0)."""
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"DeepLearningTask.seed(value): expected an int >= 0, got {value!r}")
         return self._new(seed_value=value)
 
     def drop_last(self, enabled: bool = True) -> "DeepLearningTask":
+        """Drop the last partial training batch of each epoch (default False: train on it)."""
         return self._new(drop_last_batch=_flag("drop_last", enabled))
 
     def progress(self, enabled: bool) -> "DeepLearningTask":
+        """Print the per-epoch line (and a bar on a terminal) to stderr (default True)."""
         return self._new(show_progress=_flag("progress", enabled))
 
     def callback(self, fn: Callable[[EpochRecord], None]) -> "DeepLearningTask":
-        """Add a function called with each epoch's `EpochRecord` after it ends."""
-        if not callable(fn):
-            raise TypeError(f"DeepLearningTask.callback(fn): expected a callable, got {fn!r}")
+        """Add a function called with each epoch's `EpochRecord` after it ends, or a tracked callback
+        (`EarlyStopping`, `ModelCheckpoint`: their state is saved and resumed with the checkpoints). A
+        function may raise `StopTraining` (or `StopIteration`) to end `fit()` after that epoch."""
+        if not callable(fn) and not isinstance(fn, TRACKED_CALLBACKS):
+            raise TypeError(f"DeepLearningTask.callback(fn): expected a callable, EarlyStopping(...) or "
+                            f"ModelCheckpoint(...), got {fn!r}")
         return self._new(callbacks=self.callbacks + (fn,))
 
     def log(self, path) -> "DeepLearningTask":
@@ -239,6 +278,11 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self.distributed_config is None or self.distributed_config.is_writer
 
     @property
+    def stopped(self) -> str | None:
+        """Why a callback ended training early (None: it ran, or runs, every epoch)."""
+        return self._session[0].tracked.stopped if self._session else None
+
+    @property
     def history(self) -> list[EpochRecord]:
         return list(self._session[0].history) if self._session else []
 
@@ -265,7 +309,18 @@ class DeepLearningTask(FitLoop, SaveResume):
                               "or .device('cuda')")
         self.optimizer_config.validate()
         self.scheduler_config.validate()
+        check_tracked(self)
+        self._warn_about_two_learning_rates()
         return self
+
+    def _warn_about_two_learning_rates(self) -> None:
+        """The rule: a schedule's own ``base_lr`` wins over the optimizer's ``lr``. Say so when the
+        optimizer's lr was set (differs from its default) to another value, which would go unused."""
+        own, optimizer = self.scheduler_config.base_learning_rate, self.optimizer_config
+        if own is not None and optimizer.learning_rate not in (own, type(optimizer)().learning_rate):
+            warnings.warn(f"the schedule's base_lr {own:g} overrides the optimizer's lr {optimizer.learning_rate:g}, "
+                          f"which is not used ({self.scheduler_config!r} with {optimizer!r}); set the learning rate in "
+                          "one place", UserWarning, stacklevel=4)
 
     # ---- compiling and running ------------------------------------------------------------------------------
     def _variants(self) -> dict[str, tuple]:
@@ -383,14 +438,31 @@ class DeepLearningTask(FitLoop, SaveResume):
             loader = replica_loaders(self.distributed_config, None, loader)[1]
         return self._evaluate_loader(session, loader)
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """Logits for already-normalised float32 NHWC inputs (normalise as the loader does)."""
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """float32 logits (N, classes) of raw data as in the training set (NHWC, its dtype: uint8 images
+        as they are), normalised as the loader normalised the training batches; what `Model.logits`
+        takes and returns, run on this task's device."""
         session = self.session()
-        x = np.asarray(x)
-        if x.dtype != np.float32 or x.ndim != 4 or x.shape[1:] != self.train_set.sample_shape:
-            raise ConfigError(f"predict(x): expected float32 (N, {', '.join(map(str, self.train_set.sample_shape))}), "
-                              f"got {x.dtype} {x.shape}")
-        return self._forward_padded(session, x)
+        if self.train_set is None:
+            raise ConfigError("logits(x) needs the task's training data (its input normalisation): "
+                              "call .data(train=...)")
+        return self._forward_padded(session, self._input_spec().normalise(x, "DeepLearningTask.logits(x)"))
+
+    def probabilities(self, x: np.ndarray) -> np.ndarray:
+        """Softmax of `logits(x)`, float32 (N, classes)."""
+        z = self.logits(x).astype(np.float64)
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return (z / z.sum(axis=1, keepdims=True)).astype(np.float32)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """The predicted class (int64, N) of raw data as in the training set: `Model.predict`'s contract
+        (``task.model().predict(x)`` gives the same classes on the CPU). Logits and probabilities:
+        `logits(x)`, `probabilities(x)`.
+
+        >>> task.predict(val.x[:4])                 # doctest: +SKIP
+        array([3, 7, 7, 0])
+        """
+        return self.logits(x).argmax(axis=1).astype(np.int64)
 
 # PyTorch/Keras-style keywords: DeepLearningTask(model=bp, optimizer=SGD(lr=0.1), epochs=3) equals the chain
 TASK_KEYWORDS = ("model", "loss", "optimizer", "scheduler", "epochs", "device", "amp", "fuse", "seed", "drop_last",

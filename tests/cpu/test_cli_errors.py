@@ -51,7 +51,7 @@ CLI_ERRORS = [
      "cannot resume: different"),
     ("empty dataset", ["--data", "cifar10:{empty}"], "should hold whole CIFAR-10 binary records"),
     ("constant channel", ["--data", "cifar10:{constant}"], "channel 0 of the training data is constant"),
-    ("unknown data", ["--data", "mnist"], "--data: expected digits, synthetic or cifar10:PATH"),
+    ("unknown data", ["--data", "mnist"], "--data: expected digits, synthetic, cifar10:PATH or folder:PATH"),
     ("unknown model", ["--model", "resnet21"], "unknown model 'resnet21'"),
 ]
 
@@ -119,7 +119,7 @@ def test_data_mistakes_raise_one_line_user_errors(name, make, fragment):
 @pytest.mark.parametrize("name, make, fragment", API_ERRORS, ids=[c[0] for c in API_ERRORS])
 def test_data_mistakes_reach_the_cli_as_one_error_line(monkeypatch, tmp_path, capsys, name, make, fragment):
     """The same mistakes arriving through `blueprint train` (its data source swapped for the bad set)."""
-    def load_bad_data(spec):
+    def load_bad_data(spec, options=None):
         try:
             make()
         except (ValueError, TypeError):
@@ -134,7 +134,7 @@ def test_data_mistakes_reach_the_cli_as_one_error_line(monkeypatch, tmp_path, ca
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     """Only the user-error family becomes one line: an unexpected exception propagates."""
-    def broken(spec):
+    def broken(spec, options=None):
         raise ZeroDivisionError("a bug")
     monkeypatch.setattr(train_command, "load_data", broken)
     with pytest.raises(ZeroDivisionError):

@@ -93,7 +93,7 @@ def test_cli_train_prints_epoch_lines_unless_quiet(tmp_path, capsys, monkeypatch
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "run")] + flags) == 0
     out, err = capsys.readouterr()
     assert len([line for line in err.splitlines() if EPOCH_LINE.match(line)]) == expect_lines
-    assert "trained small_cnn on digits: 1 epochs" in out and "\r" not in err
+    assert "trained small_cnn on digits: 1 epoch in" in out and "\r" not in err
     assert (COMPILE_NOTICE in err) <= (not flags)        # --quiet: no notice either
     assert ("notice: matplotlib is not installed" in err) == (not flags)
     if flags:

@@ -35,7 +35,9 @@ def test_a_loaded_checkpoint_predicts_what_the_task_predicts_from_raw_uint8_imag
     task, path, val = trained
     _, _, (mean, std) = task._loaders()
     normalised = np.concatenate([x for x, _ in DataLoader(val, 64, shuffle=False, mean=mean, std=std).epoch(0)])
-    expected = task.predict(normalised)
+    expected = task._forward_padded(task.session(), normalised)   # the loader's normalisation, the task's executor
+    assert close(task.logits(val.x), expected)
+    assert np.array_equal(task.predict(val.x), task.logits(val.x).argmax(axis=1))
     model = Model.load(path)                       # the file only: blueprint, weights and normalisation
     logits = model.logits(val.x, batch_size=32)   # uint8 as in the dataset, last batch partial (4)
     assert logits.shape == (100, 10) and close(logits, expected)
@@ -71,7 +73,7 @@ def test_a_task_trained_on_float_data_stores_its_range_and_refuses_other_units(t
     model = Model.load(task.save(tmp_path / "floats.safetensors"))
     assert model.spec.dtype == "float32" and model.spec.mean is None
     assert (model.spec.low, model.spec.high) == ((float(floats.x.min()),), (float(floats.x.max()),))
-    assert close(model.logits(floats.x), task.predict(floats.x))
+    assert close(model.logits(floats.x), task.logits(floats.x))
     with pytest.raises(ValueError, match="training set's units"):
         model.logits(floats.x * 255)
     halved = task.data(train=ArrayDataset(floats.x / 2, floats.y), batch_size=100, normalize=None)  # same session
@@ -155,3 +157,22 @@ def test_torchvision_resnet18_weights_load_into_the_zoo_model_and_logits_match()
     with torch.no_grad():
         expected = reference(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
     assert np.allclose(model.logits(x), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_task_and_model_share_one_predict_contract(trained):
+    """task.predict takes what Model.predict takes (raw uint8 images as in the dataset) and returns the
+    same: class indices; logits and probabilities by name."""
+    task, path, val = trained
+    model = Model.load(path)
+    logits = task.logits(val.x)
+    assert logits.dtype == np.float32 and close(logits, model.logits(val.x))
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-3          # classes compared where the float32 ranking is not a near tie
+    predicted = task.predict(val.x)
+    assert predicted.dtype == np.int64 and predicted.shape == (len(val),)
+    assert np.array_equal(predicted[clear], model.predict(val.x)[clear]) and clear.sum() > 90
+    assert close(task.probabilities(val.x), model.probabilities(val.x))
+    with pytest.raises(TypeError, match="trained on uint8 images"):
+        task.predict(val.x.astype(np.float32))
+    with pytest.raises(ValueError, match="NCHW"):
+        task.predict(val.x.transpose(0, 3, 1, 2))

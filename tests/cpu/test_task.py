@@ -143,7 +143,7 @@ def test_fit_on_digits_learns(digit_sets):
     metrics = task.evaluate(val)
     assert metrics["top1"] == pytest.approx(history[-1].val_accuracy)
     assert metrics["top5"] >= metrics["top1"] and metrics["samples"] == len(val)
-    assert task.predict(np.zeros((3, 8, 8, 1), np.float32)).shape == (3, 10)
+    assert task.logits(np.zeros((3, 8, 8, 1), np.uint8)).shape == (3, 10)
 
 
 def test_cli_train_json(tmp_path):

@@ -6,16 +6,18 @@ import pytest
 
 from blueprint import zoo
 from blueprint._errors import ConfigError
-from blueprint.optim import (
-    SGD, Adam, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR, setter_names,
-)
+from blueprint.optim import (SCHEDULES, SGD, Adam, AdamW, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
+                             setter_names)
 from blueprint.task import DeepLearningTask
 
-CONFIGS = (CrossEntropyLoss, SGD, Adam, AdamW, ConstantLR, StepLR, MultiStepLR, CosineAnnealingLR)
+CONFIGS = (CrossEntropyLoss, SGD, Adam, AdamW) + SCHEDULES
 # a non-default argument for every setter (a tuple: the setter's several arguments)
 SAMPLES = {"label_smoothing": 0.1, "lr": 0.05, "momentum": 0.9, "dampening": 0.1, "nesterov": True,
            "weight_decay": 1e-3, "betas": (0.8, 0.99), "eps": 1e-6, "base_lr": 0.3, "step_size": 5, "gamma": 0.5,
-           "per_batch": True, "milestones": [7, 3], "warmup": 2, "eta_min": 1e-4, "t_max": 10}
+           "per_batch": True, "milestones": [7, 3], "warmup": 2, "eta_min": 1e-4, "t_max": 10, "max_lr": 0.3,
+           "pct_start": 0.2, "anneal_strategy": "linear", "div_factor": 10.0, "final_div_factor": 100.0,
+           "three_phase": True, "monitor": "val_accuracy", "mode": "max", "factor": 0.5, "patience": 3,
+           "threshold": 1e-3, "threshold_mode": "abs", "cooldown": 2, "min_lr": 1e-5}
 OVERRIDES = {(CosineAnnealingLR, "per_batch"): False}    # its default is per batch
 CASES = [(cls, name) for cls in CONFIGS for name in setter_names(cls)]
 

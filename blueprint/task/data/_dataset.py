@@ -8,13 +8,17 @@ import numpy as np
 IMAGE_DTYPES = (np.uint8, np.float32)
 UINT8_SCALE = 255.0  # uint8 pixels are divided by this before mean/std normalisation
 STATS_CHUNK = 4096   # samples per chunk in channel_stats(): never a float copy of the whole set
+CHANNELS_FIRST_COUNTS = (1, 3, 4)   # (N, 3, 32, 32) is an NCHW batch of square images, not 3-row NHWC images
+CHANNELS_FIRST_MIN_SIDE = 8
 
 
 @dataclass(frozen=True, eq=False)
 class ArrayDataset:
     """``x``: images ``(N, H, W, C)`` uint8 or float32; ``y``: labels ``(N,)``, integers >= 0.
 
-    ``num_classes`` defaults to ``max(y) + 1``. Both arrays are kept as read-only views
+    ``num_classes`` defaults to ``max(y) + 1``; ``classes`` optionally names them. A channels-first
+    batch of square images such as ``(N, 3, 32, 32)`` is refused (it would train as 3-row images
+    with 32 channels). Both arrays are kept as read-only views
     (labels converted to int64); the caller's arrays are not modified. Equality is identity.
 
     >>> import numpy as np
@@ -27,6 +31,7 @@ class ArrayDataset:
     y: np.ndarray
     name: str = ""
     num_classes: int | None = None
+    classes: tuple[str, ...] | None = None   # class names by label (an image folder's subfolders)
 
     def __post_init__(self):
         where = f"ArrayDataset({self.name!r})"
@@ -37,6 +42,10 @@ class ArrayDataset:
             hint = (" For an MLP on (N, F) features reshape them to (N, 1, 1, F) yourself."
                     if x.ndim == 2 else " Add the missing axes, e.g. x[..., None] for (N, H, W) grey images.")
             raise ValueError(f"{where} expects x of shape (N, H, W, C) (NHWC); found shape {x.shape}.{hint}")
+        if x.shape[1] in CHANNELS_FIRST_COUNTS and x.shape[2] == x.shape[3] >= CHANNELS_FIRST_MIN_SIDE:
+            raise ValueError(f"{where} got x of shape {x.shape}, which is PyTorch's channels-first (N, C, H, W); "
+                             f"blueprint takes NHWC (N, H, W, C): pass x.transpose(0, 2, 3, 1) "
+                             f"(shape {(x.shape[0], x.shape[2], x.shape[3], x.shape[1])}).")
         if x.dtype not in IMAGE_DTYPES:
             raise TypeError(f"{where} expects x of dtype uint8 or float32; found {x.dtype}. "
                             "Convert with x.astype(np.float32) (or np.uint8 for 0..255 pixels).")
@@ -64,6 +73,10 @@ class ArrayDataset:
         object.__setattr__(self, "x", x)
         object.__setattr__(self, "y", y)
         object.__setattr__(self, "num_classes", int(num_classes))
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+            if len(self.classes) != self.num_classes:
+                raise ValueError(f"{where} has {self.num_classes} classes but {len(self.classes)} class names.")
 
     def __len__(self) -> int:
         return len(self.y)
@@ -116,3 +129,31 @@ def _check_finite(x: np.ndarray, where: str) -> None:
             kind = "NaN" if np.isnan(chunk[n, h, w, c]) else "Inf"
             raise ValueError(f"{where}: the data contains {kind} (first at image {start + n}, pixel ({h}, {w}), "
                              f"channel {c}); drop or repair those images before training")
+
+
+def validation_split(dataset: ArrayDataset, fraction: float = 0.2, seed: int = 0) -> tuple[ArrayDataset, ArrayDataset]:
+    """``(train, val)`` from one labelled set, stratified: in every class, ``round(count * fraction)``
+    samples chosen by a generator seeded with ``seed`` go to validation; both keep the set's order.
+    The selected images are copied (a memory-mapped image folder becomes two in-memory sets).
+
+    >>> import numpy as np
+    >>> full = ArrayDataset(np.zeros((10, 2, 2, 1), np.uint8), np.array([0, 1] * 5), name="toy")
+    >>> train, val = validation_split(full, 0.2)
+    >>> len(train), len(val), val.name, sorted(val.y.tolist())
+    (8, 2, 'toy-val', [0, 1])
+    """
+    if not isinstance(dataset, ArrayDataset):
+        raise TypeError(f"validation_split expects an ArrayDataset; found {type(dataset).__name__}.")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"validation_split expects 0 < fraction < 1; found {fraction!r}.")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    in_val = np.zeros(len(dataset), dtype=bool)
+    for label in range(int(dataset.y.max()) + 1):
+        members = np.flatnonzero(dataset.y == label)
+        in_val[rng.choice(members, size=round(len(members) * fraction), replace=False)] = True
+    if in_val.all() or not in_val.any():
+        raise ValueError(f"validation_split of {dataset!r} with fraction {fraction} leaves "
+                         f"{'no training' if in_val.all() else 'no validation'} samples; change the fraction.")
+    return tuple(ArrayDataset(dataset.x[part], dataset.y[part], name=f"{dataset.name}-{suffix}",
+                              num_classes=dataset.num_classes, classes=dataset.classes)
+                 for part, suffix in ((~in_val, "train"), (in_val, "val")))

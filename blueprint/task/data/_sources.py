@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blueprint.task.data._dataset import ArrayDataset
+from blueprint.task.data._dataset import ArrayDataset, validation_split
 
 DIGITS_FILE = "digits.csv.gz"          # sklearn's copy of the UCI test set; see DIGITS-LICENSE.txt
 DIGITS_COUNT, DIGITS_SIDE, DIGITS_LEVELS = 1797, 8, 16
@@ -49,14 +49,7 @@ def digits(val_fraction: float = 0.2, seed: int = 0) -> tuple[ArrayDataset, Arra
     pixels = (table[:, :-1] * 255 // DIGITS_LEVELS).astype(np.uint8)
     x = pixels.reshape(-1, DIGITS_SIDE, DIGITS_SIDE, 1)
     y = table[:, -1]
-    rng = np.random.Generator(np.random.PCG64(seed))
-    in_val = np.zeros(len(y), dtype=bool)
-    for label in range(int(y.max()) + 1):
-        members = np.flatnonzero(y == label)
-        in_val[rng.choice(members, size=round(len(members) * val_fraction), replace=False)] = True
-    classes = int(y.max()) + 1
-    return (ArrayDataset(x[~in_val], y[~in_val], name="digits-train", num_classes=classes),
-            ArrayDataset(x[in_val], y[in_val], name="digits-val", num_classes=classes))
+    return validation_split(ArrayDataset(x, y, name="digits"), val_fraction, seed)
 
 
 def _read_cifar_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
