@@ -68,7 +68,7 @@ def run(line, capsys):
 
 def test_readmes_commands_and_calls(workdir, capsys, monkeypatch):
     onnx = pytest.importorskip("onnx",
-                               reason="onnx not installed: README's export needs pip install 'blueprint-nn[onnx]'")
+                               reason="onnx not installed: README's export needs pip install \".[onnx]\" in the blueprint-nn source tree")
     monkeypatch.chdir(workdir)
     train, predict_text, predict_json, export = COMMANDS.splitlines()
     assert run(train, capsys)[0] == 0
