@@ -135,9 +135,7 @@ def test_predict_takes_one_sample_and_refuses_what_it_would_get_wrong(workdir, c
 def torch_resnet18():
     """`torchvision.models.resnet18`, imported by tests/support/torchvision_ref.py (which works even
     where torchvision's C++ operators fail to register against this torch build)."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    import torchvision_ref
+    from tests.support import torchvision_ref
     return torchvision_ref.torchvision_or_skip().models.resnet18()
 
 
