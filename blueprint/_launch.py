@@ -20,8 +20,8 @@ TORCHRUN_ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def add_launch_arguments(command) -> None:
-    group = command.add_argument_group("several processes, GPUs or machines (torch.distributed; the extra "
-                                       "'distributed')")
+    group = command.add_argument_group("several processes, GPUs or machines (torch.distributed: "
+                                       "pip install \".[distributed]\" in the source tree)")
     group.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="start N data-parallel workers on this machine through torch's launcher (torchrun); "
                             "--batch-size stays the global batch")

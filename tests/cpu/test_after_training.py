@@ -1,4 +1,4 @@
-"""README's "After training" section, mirrored one-for-one: every command and every call in it
+"""README's "Inference and export" section, mirrored one-for-one: every command and every call in it
 runs here (the text of each block is compared with README, so the two cannot drift apart), and
 `blueprint predict` / `blueprint export` are checked against the Python API."""
 import json
@@ -42,7 +42,7 @@ model = Model(zoo.resnet18(), imagenet).load_state_dict(reference.state_dict())
 
 def readme_blocks():
     text = README.read_text(encoding="utf-8")
-    section = text.split("## After training\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Inference and export\n", 1)[1].split("\n## ", 1)[0]
     return [body for _, body in re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)]
 
 
