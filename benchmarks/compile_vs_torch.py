@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))   # torch_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.support.torch_models
 
 from blueprint import zoo  # noqa: E402
 
@@ -56,7 +56,7 @@ def torch_seconds(model: str, batch: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
-    import torch_models
+    from tests.support import torch_models
 
     h, w, c = zoo.MODELS[model].input_shape
     net = getattr(torch_models, model)().train()

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))   # torch_models
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.support.torch_models
 
 #: The targets of the CPU-path issue: our step time / PyTorch's, or None (reported only).
 CASES = [
@@ -45,7 +45,7 @@ def _build(model, torch_model, shape, what):
     import numpy as np
     import torch
 
-    import torch_models
+    from tests.support import torch_models
     from blueprint import zoo
     from blueprint.optim import SGD
     from cpu_ref import CpuExecutor

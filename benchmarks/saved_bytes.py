@@ -36,11 +36,11 @@ import torch.nn.functional as F
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-for _p in (_HERE, _ROOT, os.path.join(_ROOT, "tests", "support")):   # the last: torch_models
+for _p in (_HERE, _ROOT):   # the root: tests.support.torch_models
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-import torch_models  # noqa: E402
+from tests.support import torch_models  # noqa: E402
 
 MiB = 1 << 20
 

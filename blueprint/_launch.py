@@ -20,8 +20,8 @@ TORCHRUN_ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def add_launch_arguments(command) -> None:
-    group = command.add_argument_group("several processes, GPUs or machines (torch.distributed; the extra "
-                                       "'distributed')")
+    group = command.add_argument_group("several processes, GPUs or machines (torch.distributed: "
+                                       "pip install \".[distributed]\" in the source tree)")
     group.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
                        help="start N data-parallel workers on this machine through torch's launcher (torchrun); "
                             "--batch-size stays the global batch")
@@ -77,8 +77,8 @@ def launch_workers(command, args) -> int:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main as torchrun
     except ImportError as error:
-        raise CliError(f"--nproc-per-node needs torch.distributed: pip install 'blueprint-nn[distributed]' "
-                       f"({error})") from error
+        raise CliError(f"--nproc-per-node needs torch.distributed: pip install \".[distributed]\" "
+                       f"in the blueprint-nn source tree ({error})") from error
     os.environ.setdefault("OMP_NUM_THREADS", "1")    # the workers share the cores (numba: see Distributed.start)
     try:
         torchrun(launcher_arguments(args, worker_arguments(command, args)))

@@ -185,7 +185,8 @@ def build_onnx(model, batch: int | None = None):
         import onnx
         from onnx import TensorProto, helper
     except ImportError as error:
-        raise ImportError(f"ONNX export needs the onnx package: pip install 'blueprint-nn[onnx]' ({error})") from error
+        raise ImportError(f"ONNX export needs the onnx package: pip install \".[onnx]\" "
+                          f"in the blueprint-nn source tree ({error})") from error
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ValueError(f"export_onnx(batch=...): expected a positive int or None (dynamic), got {batch!r}")
     plan = model.eval_plan(1)

@@ -190,8 +190,8 @@ def run_train(args) -> int:
         print(f"checkpoint {checkpoint}, history {out / 'history.jsonl'} (run {run_id})"
               + (f", plot {plot}" if plot else ""))
     if plot is None and not (args.quiet or args.json):
-        print("notice: matplotlib is not installed, so no curves.png was drawn (pip install 'blueprint-nn[examples]')",
-              file=sys.stderr)
+        print("notice: matplotlib is not installed, so no curves.png was drawn "
+              "(pip install \".[examples]\" in the blueprint-nn source tree)", file=sys.stderr)
     return 0
 
 
@@ -239,7 +239,7 @@ def _check_cuda() -> None:
     try:
         from cuda_kernels import cuda_unavailable_reason
     except ImportError as error:
-        fix = "" if "blueprint-nn[cuda]" in str(error) else "; pip install 'blueprint-nn[cuda]'"
+        fix = "" if '".[cuda]"' in str(error) else "; pip install \".[cuda]\" in the blueprint-nn source tree"
         raise CliError(f"--device cuda needs numba-cuda ({error}){fix}, or train on the CPU with --device cpu") \
             from error
     why = cuda_unavailable_reason()

@@ -13,6 +13,10 @@ import os
 # (its first parallel call); an explicit setting by the user wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from cpu_ref._cache_dir import use_user_cache_dir  # noqa: E402
+
+use_user_cache_dir()    # before any kernel is decorated: numba picks a kernel's cache folder then
+
 from cpu_ref._executor import CpuExecutor, InputError  # noqa: E402
 
 __all__ = ["CpuExecutor", "InputError"]

@@ -9,7 +9,7 @@ try:
     import numba_cuda  # noqa: F401  (without it, numba >= 0.61's own numba.cuda lacks what the kernels use)
 except ImportError as error:
     raise ImportError("numba-cuda is not installed (numba's own numba.cuda cannot run these kernels); "
-                      "pip install 'blueprint-nn[cuda]', or '[cuda12]' for a CUDA 12 driver") from error
+                      "pip install \".[cuda]\" in the blueprint-nn source tree (\".[cuda12]\" for a CUDA 12 driver)") from error
 
 from cuda_kernels._executor import CudaExecutor, InputError, cuda_unavailable_reason  # noqa: E402
 

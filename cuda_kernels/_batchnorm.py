@@ -1,7 +1,7 @@
 """Batch normalisation on the 2-D view ``(M, C)`` of an fp16 activation; statistics fp32.
 
 Training forward is three steps, so that a convolution can do the first one in its
-epilogue (DESIGN.md §5):
+epilogue (docs/internals/cuda-path.md, "Fusion in training"):
 1. statistics: per-channel sum and sum of squares, accumulated with atomics into
    ``save_mean`` / ``save_invstd`` (used as accumulators, zeroed first);
 2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and

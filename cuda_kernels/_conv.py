@@ -7,7 +7,7 @@ With ``M = N*OH*OW`` output pixels, ``K = KH*KW*Cin_g`` and group ``g``:
 - backward weight: ``dw[g*Cout_g + m, k] = sum_pixel dy[pixel, g*Cout_g + m] * patch(x)[pixel, k]``,
                    with the pixel reduction split over ``blockIdx.z`` and fp32 atomics.
 The forward may accumulate per-channel sum / sum of squares of the stored fp16 output for
-the BatchNorm that follows (``bn_sums``), the fusion of DESIGN.md §5. No im2col buffer.
+the BatchNorm that follows (``bn_sums``): docs/internals/cuda-path.md, "Fusion in training". No im2col buffer.
 Depthwise (``groups == Cin == Cout``) runs direct kernels: 8 channels per thread with 16-byte
 vectors where ``C % 8 == 0`` (``_depthwise``), else one thread per element.
 """

@@ -3,7 +3,7 @@
 Every op of a schedule is one layer of the ArchPlan: a primitive (unfused plans) or a fused
 kind (CBR, BasicBlock, Bottleneck, InvResidual, GapFc) holding its primitives in
 ``layer.sub``. Both run through the same per-primitive launchers; a fused op adds the
-fusions of DESIGN.md §5 where its schedule allows them:
+fusions of docs/internals/cuda-path.md ("Fusion in training") where its schedule allows them:
 
 - forward: a convolution followed by its BatchNorm accumulates the batch statistics in its
   epilogue (``conv2d_forward(bn_sums=...)``); the BatchNorm's apply takes the residual add

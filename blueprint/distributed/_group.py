@@ -39,8 +39,8 @@ def torch_distributed():
     try:
         import torch.distributed as dist
     except ImportError as error:
-        raise ConfigError(f"data-parallel training runs on torch.distributed: pip install 'blueprint-nn[distributed]' "
-                          f"({error})") from error
+        raise ConfigError(f"data-parallel training runs on torch.distributed: pip install \".[distributed]\" "
+                          f"in the blueprint-nn source tree ({error})") from error
     return dist
 
 

@@ -359,7 +359,7 @@ class DeepLearningTask(FitLoop, SaveResume):
             try:
                 from cuda_kernels import CudaExecutor  # raises a clear error where no GPU (or simulator) is present
             except ImportError as error:
-                fix = "" if "blueprint-nn[cuda]" in str(error) else ": pip install 'blueprint-nn[cuda]'"
+                fix = "" if '".[cuda]"' in str(error) else ": pip install \".[cuda]\" in the blueprint-nn source tree"
                 raise ConfigError(f"device('cuda') needs numba-cuda{fix} ({error})") from error
             place_replica(self.distributed_config)   # a replica's own GPU (LOCAL_RANK), before the arena exists
             executor = CudaExecutor(plan, self.loss_config, self.optimizer_config, seed=self.seed_value)

@@ -5,8 +5,6 @@
 row's kernels too, and the public launchers run them against the row's numpy reference. No file of
 `cpu_ref/` names the toy.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +14,7 @@ from cpu_ref import kernels as K
 from planner.kernel_table import activation_kernels
 from planner.ops import ACTIVATIONS, OPS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from toy_activation import SQUARE_ROW, TABLE_WITH_SQUARE, ToyPrim  # noqa: E402
+from tests.support.toy_activation import SQUARE_ROW, TABLE_WITH_SQUARE, ToyPrim  # noqa: E402
 
 F32_EPS = float(np.finfo(np.float32).eps)
 

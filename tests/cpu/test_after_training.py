@@ -1,4 +1,4 @@
-"""README's "After training" section, mirrored one-for-one: every command and every call in it
+"""README's "Inference and export" section, mirrored one-for-one: every command and every call in it
 runs here (the text of each block is compared with README, so the two cannot drift apart), and
 `blueprint predict` / `blueprint export` are checked against the Python API."""
 import json
@@ -42,7 +42,7 @@ model = Model(zoo.resnet18(), imagenet).load_state_dict(reference.state_dict())
 
 def readme_blocks():
     text = README.read_text(encoding="utf-8")
-    section = text.split("## After training\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Inference and export\n", 1)[1].split("\n## ", 1)[0]
     return [body for _, body in re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)]
 
 
@@ -68,7 +68,7 @@ def run(line, capsys):
 
 def test_readmes_commands_and_calls(workdir, capsys, monkeypatch):
     onnx = pytest.importorskip("onnx",
-                               reason="onnx not installed: README's export needs pip install 'blueprint-nn[onnx]'")
+                               reason="onnx not installed: README's export needs pip install \".[onnx]\" in the blueprint-nn source tree")
     monkeypatch.chdir(workdir)
     train, predict_text, predict_json, export = COMMANDS.splitlines()
     assert run(train, capsys)[0] == 0
@@ -135,9 +135,7 @@ def test_predict_takes_one_sample_and_refuses_what_it_would_get_wrong(workdir, c
 def torch_resnet18():
     """`torchvision.models.resnet18`, imported by tests/support/torchvision_ref.py (which works even
     where torchvision's C++ operators fail to register against this torch build)."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    import torchvision_ref
+    from tests.support import torchvision_ref
     return torchvision_ref.torchvision_or_skip().models.resnet18()
 
 

@@ -17,14 +17,13 @@ import pytest
 from cpu_ref._activation import source_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "tests" / "support" / "cache_probe.py"
+PROBE = "tests.support.cache_probe"
 PROBE_TIMEOUT_S = 600   # a hung probe fails the test instead of the run; a first probe takes ~15 s on 2 busy cores
 
 
 def probe(cache_dir: Path, *args: str) -> dict:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir),
-           "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    done = subprocess.run([sys.executable, str(PROBE), *args], env=env, capture_output=True, text=True,
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-m", PROBE, *args], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=PROBE_TIMEOUT_S)
     assert done.returncode == 0, f"cache probe {args} failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.splitlines()[-1])

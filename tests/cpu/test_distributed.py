@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: data-parallel training runs on torch.distributed "
-                                            "(pip install 'blueprint-nn[distributed]')")
+                                            "(pip install \".[distributed]\" in the blueprint-nn source tree)")
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 from blueprint.distributed import Distributed, ShardedLoader, replica_seed, shard_samples  # noqa: E402

@@ -1,7 +1,5 @@
 """`blueprint.Model`: inference from a checkpoint file alone, torchvision-keyed weights, raw input
 normalised as in training, and the refusals of data in another layout, dtype or range."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,8 +134,7 @@ def test_a_bad_state_dict_loads_nothing():
 def torch_resnet18():
     """torchvision's own resnet18 (tests/support/torchvision_ref.py imports it even where its C++
     operators fail to register against this torch build)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    import torchvision_ref
+    from tests.support import torchvision_ref
     return torchvision_ref.torchvision_or_skip().models.resnet18(), "torchvision"
 
 

@@ -6,8 +6,8 @@ import pytest
 from blueprint import (BluePrint, Model, avgpool, bn, channel_padding, conv, conv_dw, drop_path, dropout, fc, flatten,
                        gap, gelu, hardsigmoid, hardswish, leaky_relu, maxpool, relu6, se, seq, sigmoid, silu, tanh, zoo)
 
-onnx = pytest.importorskip("onnx", reason="onnx not installed: pip install 'blueprint-nn[onnx]'")
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed: pip install 'blueprint-nn[test]'")
+onnx = pytest.importorskip("onnx", reason="onnx not installed: pip install \".[onnx]\" in the blueprint-nn source tree")
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed: pip install \".[onnx]\" in the blueprint-nn source tree")
 
 MAX_RELATIVE_ERROR = 1e-4   # max |ours - onnxruntime| / max |ours|: float32 summation orders differ
 SMALL_IMAGE = (32, 32, 3)   # the ImageNet zoo models at a CIFAR-sized input keep the test quick

@@ -1,7 +1,5 @@
 """Every kind of the op table runs on the CPU path and exports to ONNX (or says why not), and a missing
 registration fails when the executor is built, naming the kind, the path and the file."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +11,7 @@ from cpu_ref._table import CPU
 from planner.kernel_table import MissingKernelError, NotOnPathError
 from planner.ops import ACTIVATIONS, Prim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from every_kind import every_kind_plan  # noqa: E402
+from tests.support.every_kind import every_kind_plan  # noqa: E402
 
 PATHS = {"cpu": CPU, "onnx": ONNX}
 
@@ -65,8 +62,7 @@ def test_a_missing_registration_fails_when_the_executor_is_built(monkeypatch, pr
 def test_a_missing_onnx_builder_is_refused_before_export(monkeypatch):
     from blueprint import Model
     from blueprint._onnx import build_onnx
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    from every_kind import every_kind
+    from tests.support.every_kind import every_kind
     model = Model(every_kind(), (8, 8, 3))
     monkeypatch.delitem(ONNX._impls, (Prim.HARDSWISH, "forward"))
     with pytest.raises(MissingKernelError, match=r"the onnx path has no forward implementation of 'hardswish' "

@@ -11,6 +11,7 @@ import pytest
 from blueprint._cli import main
 from blueprint._run_folder import LOCK_NAME, run_folder
 
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["train", "--epochs", "1", "--batch-size", "128", "--json"]
 
 
@@ -117,9 +118,8 @@ def test_ctrl_c_of_a_real_run_then_resume_matches_a_straight_run(tmp_path):
 
     epochs = ["--epochs", "6", "--batch-size", "128", "--json"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     command = [sys.executable, "-m", "blueprint", "train"] + epochs
-    process = subprocess.Popen(command + ["--out", str(stopped)], env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command + ["--out", str(stopped)], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     while process.poll() is None and not ((stopped / "history.jsonl").exists()
                                           and (stopped / "history.jsonl").read_text().count("\n") >= 1):
@@ -132,10 +132,10 @@ def test_ctrl_c_of_a_real_run_then_resume_matches_a_straight_run(tmp_path):
     interrupted = stopped / "checkpoint.interrupted.safetensors"
     assert interrupted.exists() and "--resume" in err
     assert load_checkpoint(stopped / "checkpoint.safetensors")[1]["position"] is None
-    resumed = subprocess.run(command + ["--out", str(stopped), "--resume", str(interrupted)], env=env,
+    resumed = subprocess.run(command + ["--out", str(stopped), "--resume", str(interrupted)], cwd=ROOT,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert subprocess.run(command + ["--out", str(straight)], env=env, capture_output=True, timeout=600).returncode == 0
+    assert subprocess.run(command + ["--out", str(straight)], cwd=ROOT, capture_output=True, timeout=600).returncode == 0
     (a, state_a), (b, state_b) = load_checkpoint(straight / "checkpoint.safetensors"), load_checkpoint(
         stopped / "checkpoint.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

@@ -1,15 +1,12 @@
 """The PyTorch oracle models (tests/support/torch_models.py) have the zoo's state_dict: the same
 keys in the same order, each of the shape our plan gives it in PyTorch layout, so parity tests and
 benchmarks move weights between the two by name."""
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch", reason="PyTorch not installed: the oracle models need it (pip install torch==2.13.0)")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-import torch_models  # noqa: E402
-import torchvision_ref  # noqa: E402
+from tests.support import torch_models  # noqa: E402
+from tests.support import torchvision_ref  # noqa: E402
 
 from blueprint import zoo  # noqa: E402
 from planner import ArchPlan  # noqa: E402

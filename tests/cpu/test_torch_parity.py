@@ -25,8 +25,6 @@ machine. The networks are small enough (resnet20 on 8x8 images, batch 4) that a 
 is found within a few dozen draws.
 """
 import copy
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +32,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-import torch_models  # noqa: E402
+from tests.support import torch_models  # noqa: E402
 
 from blueprint import BluePrint, bn, conv, dropout, fc, gap, mbconv, named, relu6, seq, zoo  # noqa: E402
 from blueprint.optim import SGD, AdamW, CrossEntropyLoss  # noqa: E402

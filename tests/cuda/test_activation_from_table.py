@@ -7,8 +7,6 @@ that row's two kernels with the same signatures, and the launchers run them (sim
 row's numpy reference. The PTX of the toy's kernels is checked in test_ptx.py. No file of
 `cuda_kernels/` names the toy.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +17,7 @@ from cuda_kernels._tape import Immediate
 from planner.kernel_table import activation_kernels
 from planner.ops import ACTIVATIONS, OPS, Prim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from toy_activation import SQUARE_ROW, TABLE_WITH_SQUARE, ToyPrim  # noqa: E402
+from tests.support.toy_activation import SQUARE_ROW, TABLE_WITH_SQUARE, ToyPrim  # noqa: E402
 
 FP16_HALF_ULP = 2.0 ** -11
 

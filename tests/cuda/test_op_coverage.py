@@ -1,7 +1,5 @@
 """Every kind of the op table runs on the CUDA path, and a missing registration fails when the executor
 is built (fused kinds are checked primitive by primitive), naming the kind, the path and the file."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +14,7 @@ from planner.compiler import Compiler
 from planner.kernel_table import MissingKernelError
 from planner.ops import ACTIVATIONS, Prim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from every_kind import every_kind_plan  # noqa: E402
+from tests.support.every_kind import every_kind_plan  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]

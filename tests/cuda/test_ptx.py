@@ -68,13 +68,10 @@ def test_kernel_compiles_for_sm90_without_fp64(name):
 def test_a_new_activation_rows_kernels_compile_without_fp64(monkeypatch):
     """The toy ``square`` row of tests/support/toy_activation.py, added to the op table only, gets two kernels
     that compile for sm_90 with the activation signatures (tests/cuda/test_activation_from_table.py runs them)."""
-    import sys
-    from pathlib import Path
 
     from cuda_kernels import _elementwise, _registry
     from planner.kernel_table import activation_kernels
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    from toy_activation import SQUARE_ROW
+    from tests.support.toy_activation import SQUARE_ROW
     relu = _elementwise.ACTIVATION_KERNELS["relu"]
     monkeypatch.setattr(_registry, "KERNELS", {})   # a scratch table: the module's stays as it is
     toy = activation_kernels({SQUARE_ROW.prim: SQUARE_ROW}, _elementwise.pointwise)[SQUARE_ROW.prim]

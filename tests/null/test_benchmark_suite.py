@@ -78,11 +78,7 @@ def test_memory_and_ratios_are_tracked():
 def test_the_compile_benchmark_runs_with_each_build(build):
     """`asv check` only imports the suite; this runs one Compile benchmark's setup and timed call, so a
     planner function the benchmark swaps (`using`) that no longer exists fails here, not in a later asv run."""
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import bench_planner
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    from benchmarks import bench_planner
     import planner.memory
     before = planner.memory.plan_offsets
     case = bench_planner.Compile()

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from safetensors.numpy import save_file
 from blueprint.task import _checkpoint
 from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
 
+ROOT = Path(__file__).resolve().parents[2]
 TENSORS = {
     "model.conv1.weight": np.arange(2 * 3 * 3 * 4, dtype=np.float32).reshape(2, 3, 3, 4) / 7,
     "model.fc.bias": np.array([1.5, -2.25], np.float32),
@@ -131,8 +133,7 @@ def test_process_killed_before_rename_leaves_the_old_checkpoint(tmp_path):
         _checkpoint.os.replace = lambda src, dst: os._exit(9)   # die hard, no cleanup
         _checkpoint.save_checkpoint({str(path)!r}, {{"w": np.ones(3, np.float32)}}, {{"epoch": 2}})
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    assert subprocess.run([sys.executable, "-c", script], env=env).returncode == 9
+    assert subprocess.run([sys.executable, "-c", script], cwd=ROOT).returncode == 9
     tensors, state = load_checkpoint(path)
     assert state == {"epoch": 1} and tensors["w"].tolist() == [0, 0, 0]
     leftovers = sorted(set(os.listdir(tmp_path)) - {"c.safetensors"})

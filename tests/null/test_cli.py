@@ -247,7 +247,7 @@ def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: --device cuda needs numba-cuda (numba-cuda is not installed") and \
-        "pip install 'blueprint-nn[cuda]'" in last
+        "pip install \".[cuda]\" in the blueprint-nn source tree" in last
     assert not (tmp_path / "run").exists()
 
 

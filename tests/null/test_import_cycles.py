@@ -1,4 +1,4 @@
-"""No import cycles between the project's modules.
+"""No import cycles between the project's modules, and no import from a low layer up to a high one.
 
 Every module of `blueprint`, `planner`, `cpu_ref` and `cuda_kernels` is parsed (`ast`, never
 imported); every `import` / `from ... import` statement counts, at module level and inside
@@ -104,3 +104,66 @@ def test_the_graph_sees_every_package_and_its_lazy_imports():
 def test_no_import_cycles_between_project_modules():
     cycle = find_cycle(import_graph())
     assert not cycle, "import cycle: " + " -> ".join(cycle) + " (move what both need into a module that neither imports)"
+
+
+# Layers: the DSL and configuration vocabulary that the planner and both executors import sits below
+# the task, the CLI, the trained Model and the distributed code, and never imports them (not even
+# lazily, inside a function): an executor that reached up into the task could not be tested without it.
+LOW_PACKAGES = ("planner", "cpu_ref", "cuda_kernels")
+LOW_MODULES = frozenset({"blueprint._layer", "blueprint._factories", "blueprint.optim", "blueprint._errors"})
+HIGH_PACKAGES = ("blueprint.task", "blueprint.distributed")
+HIGH_MODULES = frozenset({
+    "blueprint",                                        # its __init__ re-exports Model and the zoo
+    "blueprint.__main__", "blueprint._cli", "blueprint._train_command", "blueprint._predict_command",
+    "blueprint._launch", "blueprint._run_folder",       # the CLI
+    "blueprint._model", "blueprint._model_source", "blueprint._onnx",   # the trained Model and its export
+})
+
+
+def is_low(module: str) -> bool:
+    return module in LOW_MODULES or module.split(".")[0] in LOW_PACKAGES
+
+
+def is_high(module: str) -> bool:
+    return module in HIGH_MODULES or any(module == p or module.startswith(p + ".") for p in HIGH_PACKAGES)
+
+
+def upward_import(graph: dict[str, set[str]], is_low=is_low, is_high=is_high) -> list[str]:
+    """One chain [low, ..., high] of imports from a low module to a high one, or [] when there is none
+    (breadth-first from every low module, so the chain printed is a shortest one)."""
+    for start in sorted(m for m in graph if is_low(m)):
+        came_from, queue = {start: None}, [start]
+        for module in queue:
+            if is_high(module):
+                chain = [module]
+                while came_from[chain[-1]] is not None:
+                    chain.append(came_from[chain[-1]])
+                return chain[::-1]
+            for nxt in sorted(graph.get(module, ())):
+                if nxt not in came_from:
+                    came_from[nxt] = module
+                    queue.append(nxt)
+    return []
+
+
+@pytest.mark.parametrize("graph, chain", [
+    ({"low": {"mid"}, "mid": {"other"}, "other": set(), "high": {"low"}}, []),     # high importing low is fine
+    ({"low": {"mid"}, "mid": {"high"}, "high": set()}, ["low", "mid", "high"]),
+    ({"low": {"high", "mid"}, "mid": {"high"}, "high": set()}, ["low", "high"]),
+])
+def test_upward_import_finds_a_chain_exactly_when_there_is_one(graph, chain):
+    assert upward_import(graph, is_low=lambda m: m == "low", is_high=lambda m: m == "high") == chain
+
+
+def test_the_layers_name_existing_modules():
+    graph = import_graph()
+    assert LOW_MODULES <= set(graph) and HIGH_MODULES <= set(graph)
+    assert all(any(m.startswith(p + ".") for m in graph) for p in HIGH_PACKAGES)
+    assert {m for m in graph if is_low(m) and is_high(m)} == set()
+
+
+def test_no_low_layer_imports_a_high_one():
+    chain = upward_import(import_graph())
+    assert not chain, ("a low layer imports a high one: " + " -> ".join(chain) + " (the DSL, configs, planner and "
+                       "executors must not depend on the task, CLI, Model or distributed code: pass what is needed "
+                       "in as an argument, or move the shared piece down)")

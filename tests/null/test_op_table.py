@@ -3,8 +3,6 @@
 Path coverage (every kind registered on the CPU, CUDA and ONNX paths) is checked in
 tests/cpu/test_op_coverage.py and tests/cuda/test_op_coverage.py, which import the kernels.
 """
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +12,7 @@ from planner import ArchPlan
 from planner.kernel_table import KernelTable, MissingKernelError, NotOnPathError
 from planner.ops import ACTIVATIONS, OPS, TRAIN, OpRow, Prim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-from every_kind import every_kind, every_kind_plan  # noqa: E402
+from tests.support.every_kind import every_kind, every_kind_plan  # noqa: E402
 
 
 @pytest.mark.parametrize("prim", list(Prim), ids=str)

@@ -2,7 +2,6 @@
 run code. `eval` appears here only on reprs the package itself printed (trusted), as the oracle."""
 import builtins
 import os
-import sys
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -15,9 +14,8 @@ import blueprint.optim as optim
 from blueprint import BlockStyle, BluePrint, Kind, Layer, conv, relu, seq, zoo
 from blueprint._parse import CONFIG_CLASSES, FACTORIES, ConfigError, parse_as, parse_value
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))   # the DSL's tree strategy and the config table
-from test_dsl import DSL_NAMESPACE, RECIPES, build  # noqa: E402
-from test_optim_config import ALL_VALUES  # noqa: E402
+from tests.null.test_dsl import DSL_NAMESPACE, RECIPES, build   # the DSL's tree strategy
+from tests.null.test_optim_config import ALL_VALUES                # the config table
 
 TRUSTED_NAMESPACE = {**DSL_NAMESPACE, **vars(optim)}
 SENTINEL = Path(tempfile.mkdtemp(prefix="blueprint-parse-")) / "executed"

@@ -8,8 +8,6 @@ import ast
 import dataclasses
 import inspect
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,8 +74,7 @@ def test_the_bodies_agree_with_the_numpy_reference(prim):
 ], ids=["activation-without-pair", "pair-without-activation"])
 def test_a_row_and_its_pair_must_agree(monkeypatch, change, activation):
     from planner import ops
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
-    from toy_activation import SQUARE_ROW
+    from tests.support.toy_activation import SQUARE_ROW
     monkeypatch.setattr(ops, "_ROWS", dict(ops._ROWS))   # a scratch table
     with pytest.raises(ValueError, match=rf"the row of 'square' has activation={activation} but scalar pair .*; an "
                                          rf"activation row names its pair in planner/scalar_activations.py"):

@@ -85,9 +85,9 @@ def test_the_cli_refuses_a_channels_first_shape_with_the_nhwc_one(capsys):
     assert err.startswith("error: ") and "pass (32, 32, 3)" in err and err.count("\n") == 1, err
 
 
-def test_readme_shows_the_real_output():
+def test_the_guide_shows_the_real_output():
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "dsl-and-zoo.md").read_text(encoding="utf-8")
     call = ">>> print(blueprint.summary(blueprint.zoo.resnet18(), (224, 224, 3), depth=1))\n"
-    shown = readme.split(call, 1)[1].split("```", 1)[0].rstrip("\n")
+    shown = guide.split(call, 1)[1].split("```", 1)[0].rstrip("\n")
     assert shown == blueprint.summary(zoo.resnet18(), (224, 224, 3), depth=1)

@@ -1,9 +1,9 @@
 """Run in a fresh process by tests/cpu/test_disk_cache.py: CPU kernels at work, and what numba compiled.
 
-    python cache_probe.py every_kind           one training step of the every-kind network (every CPU
-                                               kernel family, spans only: the tensors are small)
-    python cache_probe.py pair DIR             the activation kernels generated from the scalar pair in
-                                               DIR/edited_pair.py, span and thread-pool loop, both directions
+    python -m tests.support.cache_probe every_kind   one training step of the every-kind network (every CPU
+                                                    kernel family, spans only: the tensors are small)
+    python -m tests.support.cache_probe pair DIR     the activation kernels generated from the scalar pair in
+                                                    DIR/edited_pair.py, span and thread-pool loop, both directions
 
 Prints one JSON line: ``compiled``, the functions numba compiled as ``module:qualname`` (its
 "numba:compile" events; a kernel loaded from the disk cache raises none), and the results, for
@@ -31,8 +31,7 @@ class _Compiled(event.Listener):
 
 
 def every_kind() -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from every_kind import every_kind_plan
+    from tests.support.every_kind import every_kind_plan
 
     from cpu_ref import CpuExecutor
     plan = every_kind_plan()
@@ -41,8 +40,7 @@ def every_kind() -> dict:
 
 
 def pair(folder: str) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from toy_activation import SQUARE_ROW
+    from tests.support.toy_activation import SQUARE_ROW
 
     from cpu_ref._activation import pointwise
     spec = importlib.util.spec_from_file_location("edited_pair", Path(folder) / "edited_pair.py")

@@ -14,22 +14,16 @@ between the two by name (after transposing between NHWC and OIHW as the caller n
     tiny_mobilenet(num_classes)          a small MobileNetV2 of torchvision InvertedResidual blocks
     mlp(sizes)                           nn.Sequential(Linear, ReLU, ..., Linear) (no torchvision needed)
 
-Import it as the tests do: put this folder on ``sys.path`` (pytest runs with
-``--import-mode=importlib``), then ``import torch_models``. Functions that need torchvision raise
-ImportError saying why when it cannot be imported. ``python tests/support/torch_models.py`` checks
+Import it as the tests do, from the repository root: ``from tests.support import torch_models``. Functions that need torchvision raise
+ImportError saying why when it cannot be imported. ``python -m tests.support.torch_models`` checks
 the parameter counts against torchvision's published ones.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 from torch import nn
 
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-import torchvision_ref  # noqa: E402
+from tests.support import torchvision_ref
 
 __all__ = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnet18_cifar", "CifarResNet",
            "cifar_resnet", "resnet20", "resnet32", "resnet56", "mobilenet_v2", "tiny_mobilenet", "mlp",

@@ -67,6 +67,8 @@ def _per_channel(what: str, value, channels: int, default: float) -> np.ndarray:
 def _fill_batch_kernel():
     """`_fill_batch`, compiled by numba. numba is imported at the first batch, not with this module, so
     the DSL, the planner, the CLI's parsing and checkpoint I/O import without numba installed."""
+    from cpu_ref._cache_dir import use_user_cache_dir
+    use_user_cache_dir()
     from numba import njit
     return njit(cache=True)(_fill_batch)
 
