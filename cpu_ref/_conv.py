@@ -10,7 +10,7 @@ Four algorithms, chosen from the shapes:
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
 - direct forward (`cpu_ref._conv_direct`): the forward of the stem and of strided layers with
-  at most 64 output channels, a register-blocked loop; no workspace. Their backward stays general.
+  at most 32 output channels, a register-blocked loop; no workspace. Their backward stays general.
 
 Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
 small convolutions run the partitions one after another, larger ones on the thread pool

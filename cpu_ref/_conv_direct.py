@@ -25,13 +25,17 @@ from cpu_ref._simd import vector_block
 BLOCK_FLOATS = 64
 #: Input channels x taps below which the im2col row is too short for BLAS to gain (the stem's 27).
 DIRECT_MAX_PATCH = 32
+#: Output pixels a block must hold for the direct forward to be chosen: with one, every weight vector
+#: is loaded for a single pixel, and 64-channel layers ran slower than im2col + GEMM.
+MIN_BLOCK_PIXELS = 2
 
 
 def uses_direct_forward(w_shape, stride, groups) -> bool:
-    """The layers the direct forward takes: ungrouped, a window wider than 1x1, up to ``BLOCK_FLOATS``
-    output channels in whole 8-float vectors, and either a short patch (the stem) or a stride."""
+    """The layers the direct forward takes: ungrouped, a window wider than 1x1, output channels in whole
+    8-float vectors with room for ``MIN_BLOCK_PIXELS`` pixels per block, and either a short patch (the
+    stem) or a stride."""
     cout, kh, kw, cin = w_shape
-    return (groups == 1 and kh * kw > 1 and cout % 8 == 0 and cout <= BLOCK_FLOATS
+    return (groups == 1 and kh * kw > 1 and cout % 8 == 0 and cout * MIN_BLOCK_PIXELS <= BLOCK_FLOATS
             and (kh * kw * cin <= DIRECT_MAX_PATCH or stride > 1))
 
 
