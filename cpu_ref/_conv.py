@@ -1,6 +1,6 @@
 """conv2d forward and backward (NHWC activations, OHWI weights, fp32).
 
-Three algorithms, chosen from the shapes:
+Four algorithms, chosen from the shapes:
 - general: im2col of a chunk of output rows into the worker's slice of ``col``, then one
   BLAS GEMM per chunk (and group). A chunk is sized to stay in L2, so the im2col matrix
   never makes a round trip through memory, and smaller still where OpenBLAS has unpacked
@@ -9,6 +9,8 @@ Three algorithms, chosen from the shapes:
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
+- direct forward (`cpu_ref._conv_direct`): the forward of the stem and of strided layers with
+  at most 32 output channels, a register-blocked loop; no workspace. Their backward stays general.
 
 Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
 small convolutions run the partitions one after another, larger ones on the thread pool
@@ -27,6 +29,7 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
+from cpu_ref._conv_direct import direct_forward, uses_direct_forward
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
@@ -421,6 +424,8 @@ def conv2d_forward(x, w, y, stride, pad, groups, col):
         _run_depthwise_forward(x, w, y, stride, pad)
     elif _is_pointwise(w, stride, pad, groups):
         _run_pointwise(x, w, y.reshape(-1, cout), None, False, False)
+    elif uses_direct_forward(w.shape, stride, groups):
+        direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT)
     else:
         _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False)
 

@@ -1,0 +1,77 @@
+"""Vector accumulators held in registers, for numba kernels that LLVM would otherwise vectorise badly.
+
+A direct convolution keeps a block of ``count`` output pixels x ``width`` output channels in
+registers while it walks the taps and input channels. Written as plain numba loops, LLVM either
+keeps that block in memory (a load and a store per multiply-add) or, once it has unrolled the
+channel loop, vectorises the *input-channel* loop with gathers (numba leaves its SLP vectoriser off).
+These intrinsics emit the vector operations directly: the block is one stack buffer of
+``count`` vectors of ``width`` floats, read and written only at constant offsets, which LLVM's
+SROA turns into vector registers; a multiply-add is one broadcast FMA (``{1to16}`` on AVX-512).
+"""
+import functools
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+@functools.cache
+def vector_block(width: int, count: int):
+    """``(alloc, zero, fma, store)`` for a block of ``count`` vectors of ``width`` float32:
+
+    - ``alloc()``: the block (a float32 pointer to stack memory);
+    - ``zero(block, q)``: vector ``q`` = 0;
+    - ``fma(block, q, x, w, i)``: vector ``q`` += ``x`` * ``w[i:i+width]`` (``w`` a contiguous 1-D array);
+    - ``store(block, q, y, i)``: ``y[i:i+width]`` = vector ``q``.
+
+    ``q`` must be a compile-time constant after unrolling for the block to live in registers.
+    Indices are not bounds-checked (numba's arrays are not either).
+    """
+    vec = ir.VectorType(ir.FloatType(), width)
+
+    def slot(builder, block, q):
+        return builder.bitcast(builder.gep(block, [builder.mul(q, ir.Constant(q.type, width))]), vec.as_pointer())
+
+    def element(context, builder, array_type, array, index):
+        data = context.make_array(array_type)(context, builder, array).data
+        return builder.bitcast(builder.gep(data, [index]), vec.as_pointer())
+
+    @intrinsic
+    def alloc(typingctx):
+        def codegen(context, builder, sig, args):
+            return cgutils.alloca_once(builder, ir.FloatType(), size=ir.Constant(ir.IntType(64), width * count))
+        return types.CPointer(types.float32)(), codegen
+
+    @intrinsic
+    def zero(typingctx, block, q):
+        def codegen(context, builder, sig, args):
+            builder.store(ir.Constant(vec, None), slot(builder, *args), align=4)
+            return context.get_dummy_value()
+        return types.none(block, q), codegen
+
+    @intrinsic
+    def fma(typingctx, block, q, x, w, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, x_, w_, i_ = args
+            weights = builder.load(element(context, builder, sig.args[3], w_, i_), align=4)
+            splat = builder.insert_element(ir.Constant(vec, None), x_, ir.Constant(ir.IntType(32), 0))
+            splat = builder.shuffle_vector(splat, ir.Constant(vec, None),
+                                           ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec, vec, vec]),
+                                                f"llvm.fma.v{width}f32")
+            target = slot(builder, block_, q_)
+            builder.store(builder.call(fn, [splat, weights, builder.load(target, align=4)]), target, align=4)
+            return context.get_dummy_value()
+        return types.none(block, q, types.float32, w, i), codegen
+
+    @intrinsic
+    def store(typingctx, block, q, y, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, y_, i_ = args
+            builder.store(builder.load(slot(builder, block_, q_), align=4),
+                          element(context, builder, sig.args[2], y_, i_), align=4)
+            return context.get_dummy_value()
+        return types.none(block, q, y, i), codegen
+
+    return alloc, zero, fma, store

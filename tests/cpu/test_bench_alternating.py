@@ -1,0 +1,53 @@
+"""`benchmarks/alternating.py`: the rounds alternate their order, the ratios are pairwise, and the
+AVX2 stand-in really lowers what numba emits and which OpenBLAS kernels run."""
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import alternating  # noqa: E402
+
+
+def test_rounds_alternate_which_side_runs_first_and_pair_each_round():
+    calls = []
+
+    def side(name):
+        def run():
+            calls.append(name)
+            return f"{name}{sum(1 for c in calls if c == name)}"
+        return run
+
+    pairs = alternating.alternate(side("ours"), side("theirs"), rounds=4)
+    assert calls == ["ours", "theirs", "theirs", "ours", "ours", "theirs", "theirs", "ours"]
+    assert pairs == [("ours1", "theirs1"), ("ours2", "theirs2"), ("ours3", "theirs3"), ("ours4", "theirs4")]
+
+
+def test_the_ratio_is_the_median_of_the_pairwise_ratios_with_their_range():
+    # pairwise 2, 3, 2 -> median 2; the ratio of the medians (3 / 1) would be 3
+    assert alternating.ratio_summary([2.0, 3.0, 4.0], [1.0, 1.0, 2.0]) == "2.00 [2.00-3.00]"
+
+
+def test_every_thread_pool_gets_the_same_count():
+    env = alternating.child_environment(3, "native")
+    assert [env[name] for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
+                                   "NUMBA_NUM_THREADS")] == ["3"] * 4
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 stand-in is for x86-64 machines")
+def test_the_avx2_standin_lowers_numba_and_openblas():
+    pytest.importorskip("threadpoolctl", reason="the BLAS kernel set is read with threadpoolctl")
+    code = f"import sys, json; sys.path.insert(0, {str(BENCHMARKS)!r}); import alternating; " \
+           "print(json.dumps(alternating.runtime_info('ours')))"
+    done = subprocess.run([sys.executable, "-c", code], env=alternating.child_environment(1, "avx2"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["numba_target"] == "haswell"
+    assert info["numba_vectors"] == "AVX2 (ymm)"
+    assert info["blas"] and all(entry.endswith(" Haswell") for entry in info["blas"]), info["blas"]
