@@ -68,7 +68,7 @@ def _asm(builder, out_types, in_values, text, constraints):
     return [result] if out_types else []
 
 
-def _shared_window(context, builder, arrty, array, byte_offset):
+def _shared_window_of(context, builder, arrty, array, byte_offset):
     data = context.make_array(arrty)(context, builder, array).data
     byte_ptr = builder.gep(builder.bitcast(data, _I8.as_pointer()), [byte_offset])
     return builder.ptrtoint(builder.addrspacecast(byte_ptr, _I8.as_pointer(_SHARED)), _I32)
@@ -77,7 +77,7 @@ def _shared_window(context, builder, arrty, array, byte_offset):
 @intrinsic
 def shared_address(typingctx, smem, byte_offset):
     def codegen(context, builder, sig, args):
-        return _shared_window(context, builder, sig.args[0], args[0], args[1])
+        return _shared_window_of(context, builder, sig.args[0], args[0], args[1])
     return nbt.uint32(smem, nbt.int32), codegen
 
 
@@ -99,7 +99,7 @@ def _make_ldmatrix(ptx):
         sig = nbt.UniTuple(nbt.uint32, 4)(smem, nbt.int32)
 
         def codegen(context, builder, sig, args):
-            address = _shared_window(context, builder, sig.args[0], args[0], args[1])
+            address = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
             r = _asm(builder, [_I32] * 4, [address], ptx + " {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}")
             return context.make_tuple(builder, sig.return_type, r)
         return sig, codegen
@@ -111,7 +111,7 @@ def _cp_async_16(typingctx, smem, byte_offset, src, index, valid):
     sig = nbt.void(smem, nbt.int32, src, nbt.int32, nbt.int32)
 
     def codegen(context, builder, sig, args):
-        dst = _shared_window(context, builder, sig.args[0], args[0], args[1])
+        dst = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
         data = context.make_array(sig.args[2])(context, builder, args[2]).data
         gptr = builder.ptrtoint(builder.gep(data, [builder.sext(args[3], _I64)]), _I64)
         src_bytes = builder.select(builder.icmp_signed("!=", args[4], ir.Constant(_I32, 0)),
@@ -154,7 +154,7 @@ def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
     sig = nbt.void(smem, nbt.int32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
 
     def codegen(context, builder, sig, args):
-        address = _shared_window(context, builder, sig.args[0], args[0], args[1])
+        address = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
         _asm(builder, [], [address] + list(args[2:]), "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}")
         return context.get_dummy_value()
     return sig, codegen
@@ -210,6 +210,60 @@ def _unpack_half2(typingctx, reg):
     return sig, codegen
 
 
+# The ``_at`` forms take the shared window address of byte 0 (``shared_window``, computed once per kernel) and
+# an int32 byte offset: the address is then one 32-bit add that ptxas folds into the instruction's immediate.
+@intrinsic
+def _shared_window(typingctx, smem):
+    def codegen(context, builder, sig, args):
+        return _shared_window_of(context, builder, sig.args[0], args[0], ir.Constant(_I32, 0))
+    return nbt.uint32(smem), codegen
+
+
+def _make_ldmatrix_at(ptx):
+    @intrinsic
+    def load(typingctx, smem, window, byte_offset):
+        sig = nbt.UniTuple(nbt.uint32, 4)(smem, nbt.uint32, nbt.int32)
+
+        def codegen(context, builder, sig, args):
+            r = _asm(builder, [_I32] * 4, [builder.add(args[1], args[2])], ptx + " {$0,$1,$2,$3}, [$4];",
+                     "=r,=r,=r,=r,r,~{memory}")
+            return context.make_tuple(builder, sig.return_type, r)
+        return sig, codegen
+    return load
+
+
+@intrinsic
+def _cp_async_16_at(typingctx, smem, window, byte_offset, src, index, valid):
+    """``cp_async_16`` at ``window + byte_offset``; ``index`` read as unsigned (0 where not ``valid``)."""
+    sig = nbt.void(smem, nbt.uint32, nbt.int32, src, nbt.int32, nbt.boolean)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[3])(context, builder, args[3]).data
+        index = builder.select(args[5], args[4], ir.Constant(_I32, 0))
+        gptr = builder.ptrtoint(builder.gep(data, [builder.zext(index, _I64)]), _I64)
+        src_bytes = builder.select(args[5], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
+             "r,l,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def _window_zero(smem):
+    return 0
+
+
+def _ldmatrix_x4_at_twin(smem, window, byte_offset):
+    return ldmatrix_x4(smem, byte_offset)
+
+
+def _ldmatrix_x4_trans_at_twin(smem, window, byte_offset):
+    return ldmatrix_x4_trans(smem, byte_offset)
+
+
+def _cp_async_16_at_twin(smem, window, byte_offset, src, index, valid):
+    cp_async_16(smem, byte_offset, src, index if valid else 0, valid)
+
+
 if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
                              ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
@@ -223,3 +277,9 @@ else:
     ldmatrix_x4 = _make_ldmatrix(LDMATRIX_PTX)
     ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)
     cp_async_16, cp_async_commit, cp_async_wait = _cp_async_16, _cp_async_commit, _cp_async_wait
+if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
+    shared_window, cp_async_16_at = _window_zero, _cp_async_16_at_twin
+    ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
+else:
+    shared_window, cp_async_16_at = _shared_window, _cp_async_16_at
+    ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

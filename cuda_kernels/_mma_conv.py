@@ -21,25 +21,31 @@ from numba import cuda
 from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16, pack_half2, st_shared_v4
+from ._mma import cp_async_16_at, pack_half2, shared_window, st_shared_v4
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
                          pipeline_bytes, shared_array_words, stage_layout)
 from ._registry import F1, H1, ZERO, flat, nbt
 
-f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
+f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid
 
 
 @cuda.jit(device=True)
-def advance_tap(ci, kx, ky, c_in, kw_):
-    """Move a chunk's (channel, kw, kh) on by BK reduction elements (k = (kh, kw, ci))."""
-    ci += BK
-    while ci >= c_in:
-        ci -= c_in
-        kx += 1
-        if kx == kw_:
-            kx = 0
-            ky += 1
+def tap_of(k, c_in, kw_):
+    """``(ci, kx, ky)`` of reduction index ``k = (ky * kw_ + kx) * c_in + ci`` (int32; outside the main loop)."""
+    t = i32(k // c_in)
+    return i32(k - t * c_in), i32(t % kw_), i32(t // kw_)
+
+
+@cuda.jit(device=True)
+def step_tap(ci, kx, ky, step, c_in, kw_):
+    """``(ci, kx, ky)`` moved on by the reduction step whose own ``tap_of`` is ``step``: adds and two
+    wrap-arounds, no division and no loop (``kx + step kx + 1 < 2 kw_``, so one wrap of ``kx`` suffices)."""
+    ci, kx, ky = i32(ci + step[0]), i32(kx + step[1]), i32(ky + step[2])
+    if ci >= c_in:
+        ci, kx = i32(ci - c_in), i32(kx + 1)
+    if kx >= kw_:
+        kx, ky = i32(kx - kw_), i32(ky + 1)
     return ci, kx, ky
 
 
@@ -86,42 +92,43 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                          f"memory, the pipeline has {SMEM_WORDS}")
 
     @cuda.jit(device=True)
-    def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo):
-        gemm_n, gemm_k, h_, w_, c_in = geo[1], geo[2], geo[4], geo[5], geo[6]
-        tid = cuda.threadIdx.x
+    def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_src, b_ok, geo):
+        gemm_k, h_, w_, c_in = geo[2], geo[4], geo[5], geo[6]
+        tid = i32(cuda.threadIdx.x)
         chunk, row0 = tid & 3, tid >> 2
         v = cuda.local.array(CHUNK, nbt.float16)
-        tap_offset = (ky * w_ + kx) * c_in + ci
+        k_ok = k < gemm_k
+        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
+        window = shared_window(smem)
+        tap_offset = i32(i32(i32(ky * w_) + kx) * c_in) + ci
         for i in range(A_LOADS):
             r = row0 + i * ROWS_PER_PASS
-            if r < BM:
+            if A_LOADS * ROWS_PER_PASS == BM or r < BM:   # the check only where a pass overhangs the tile
                 if any_channels:
                     patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, kx, ky, geo)
-                    store_chunk(smem, stage * A_STAGE + kc_offset(r, chunk), v)
-                else:
-                    hh, ww = a_h[i] + ky, a_w[i] + kx
-                    valid = k < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
-                    cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), x,
-                                a_base[i] + tap_offset if valid else i32(0), valid)
+                    store_chunk(smem, a_stage + kc_offset(r, chunk), v)
+                else:   # unsigned compares: a negative row or column is out of range too
+                    valid = k_ok and u32(i32(a_h[i] + ky)) < u32(h_) and u32(i32(a_w[i] + kx)) < u32(w_)
+                    cp_async_16_at(smem, window, i32(a_stage + kc_offset(r, chunk)), x, i32(a_base[i] + tap_offset),
+                                   valid)
         for i in range(B_LOADS):
             r = row0 + i * ROWS_PER_PASS
-            if r < BN:
+            if B_LOADS * ROWS_PER_PASS == BN or r < BN:
                 if any_channels:
                     for j in range(CHUNK):
-                        v[j] = w[b_row[i] * gemm_k + k + j] if b_row[i] < gemm_n and k + j < gemm_k else f16(ZERO)
-                    store_chunk(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), v)
+                        v[j] = w[b_src[i] + k + j] if b_ok[i] and k + j < gemm_k else f16(ZERO)
+                    store_chunk(smem, b_stage + kc_offset(r, chunk), v)
                 else:
-                    valid = b_row[i] < gemm_n and k < gemm_k
-                    cp_async_16(smem, B_BASE + stage * B_STAGE + kc_offset(r, chunk), w,
-                                b_row[i] * gemm_k + k if valid else i32(0), valid)
+                    valid = b_ok[i] and k_ok
+                    cp_async_16_at(smem, window, i32(b_stage + kc_offset(r, chunk)), w, i32(b_src[i] + k), valid)
 
     @cuda.jit(device=True)
     def issue_next(smem, stage, operands, state):
-        x, w, a_base, a_h, a_w, b_row, geo = operands
+        x, w, a_base, a_h, a_w, b_src, b_ok, geo, step = operands
         k, ci, kx, ky = state
-        issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_row, geo)
-        ci, kx, ky = advance_tap(ci, kx, ky, geo[6], geo[11])
-        return i32(k + BK), i32(ci), i32(kx), i32(ky)
+        issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_src, b_ok, geo)
+        ci, kx, ky = step_tap(ci, kx, ky, step, geo[6], geo[11])
+        return i32(k + BK), ci, kx, ky
 
     main_loop = make_pipeline(tile, a_trans=False, b_trans=False, issue_next=issue_next)
 
@@ -132,7 +139,8 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
-        b_row = cuda.local.array(B_LOADS, nbt.int32)
+        b_src = cuda.local.array(B_LOADS, nbt.int32)
+        b_ok = cuda.local.array(B_LOADS, nbt.boolean)
         gemm_m, gemm_n, gemm_k, h_, w_, c_in = geo[0], geo[1], geo[2], geo[4], geo[5], geo[6]
         oh_, ow_, c_out, kw_, s, p = geo[7], geo[8], geo[9], geo[11], geo[12], geo[13]
         tid = cuda.threadIdx.x
@@ -148,19 +156,15 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                 a_base[i] = ((b * h_ + a_h[i]) * w_ + a_w[i]) * c_in
             else:
                 a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
-        for i in range(B_LOADS):
-            b_row[i] = n0 + (tid >> 2) + i * ROWS_PER_PASS
+        for i in range(B_LOADS):   # this thread's filter rows
+            b_row = i32(n0 + (tid >> 2) + i * ROWS_PER_PASS)
+            b_ok[i] = b_row < gemm_n
+            b_src[i] = i32(b_row * gemm_k)
         k = i32((tid & 3) * CHUNK)
-        ci, kx, ky = k, i32(0), i32(0)
-        while ci >= c_in:
-            ci -= c_in
-            kx += 1
-            if kx == kw_:
-                kx = 0
-                ky += 1
+        ci, kx, ky = tap_of(k, c_in, kw_)
         tiles = (gemm_k + BK - 1) // BK
-        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, b_row, geo), (k, i32(ci), i32(kx), i32(ky)), warp_m, warp_n,
-                  acc)
+        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, b_src, b_ok, geo, tap_of(i32(BK), c_in, kw_)),
+                  (k, ci, kx, ky), warp_m, warp_n, acc)
         cuda.syncthreads()
         for ni in range(NI):
             for j in range(2):

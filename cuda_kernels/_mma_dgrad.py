@@ -15,14 +15,14 @@ from numba import cuda
 
 from . import _conv
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16
-from ._mma_conv import advance_tap
+from ._mma import cp_async_16_at, shared_window
+from ._mma_conv import step_tap, tap_of
 from ._dynamic_smem import SMALLEST_MAX_SHARED
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
                          pipeline_bytes, shared_array_words, stage_layout)
 from ._registry import H1, flat, nbt
 
-f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
+f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)
 
 
@@ -47,35 +47,40 @@ def make_dgrad(tile):
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
 
     @cuda.jit(device=True)
-    def issue(smem, dy, w, stage, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty, k0, gemm_k, ph, pw, geo):
-        c_in, oh_, ow_, c_out, kh_, kw_, s = geo[6], geo[7], geo[8], geo[9], geo[10], geo[11], geo[12]
-        tid = cuda.threadIdx.x
+    def issue(smem, dy, w, stage, k, k0, co, tx, ty, a_base, a_h, a_w, b_src, n_ok, gemm_k, geo):
+        oh_, ow_, c_out = geo[7], geo[8], geo[9]
+        tid = i32(cuda.threadIdx.x)
         chunk = tid & 3
-        tap_offset = (ty * ow_ + tx) * c_out - co
+        window = shared_window(smem)
+        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
+        k_ok = k < gemm_k
+        tap_offset = i32(i32(i32(ty * ow_) + tx) * c_out) - co
         for i in range(A_LOADS):
             r = (tid >> 2) + i * A_RPP
-            if r < BM:
-                hh, ww = a_h[i] - ty, a_w[i] - tx
-                valid = k < gemm_k and 0 <= hh < oh_ and 0 <= ww < ow_
-                cp_async_16(smem, stage * A_STAGE + kc_offset(r, chunk), dy,
-                            a_base[i] - tap_offset if valid else i32(0), valid)
-        n = cuda.blockIdx.y * BN + (tid % B_CPR) * CHUNK
+            if A_LOADS * A_RPP == BM or r < BM:   # unsigned compares: negative rows are out of range too
+                valid = k_ok and u32(i32(a_h[i] - ty)) < u32(oh_) and u32(i32(a_w[i] - tx)) < u32(ow_)
+                cp_async_16_at(smem, window, i32(a_stage + kc_offset(r, chunk)), dy, i32(a_base[i] - tap_offset),
+                               valid)
         for i in range(B_LOADS):
             r = tid // B_CPR + i * B_RPP
-            if r < BK:
-                valid = k0 + r < gemm_k and n < c_in
-                src = (((bco[i] * kh_ + ph + s * bty[i]) * kw_ + pw + s * btx[i]) * c_in + n) if valid else i32(0)
-                cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, w, src, valid)
+            if B_LOADS * B_RPP == BK or r < BK:
+                cp_async_16_at(smem, window, i32(b_stage + r * B_ROW + (tid % B_CPR) * 16), w, b_src[i],
+                               n_ok and i32(k0 + r) < gemm_k)
 
     @cuda.jit(device=True)
     def issue_next(smem, stage, operands, state):
-        dy, w, a_base, a_h, a_w, bco, btx, bty, gemm_k, ph, pw, tw_, geo = operands
+        dy, w, a_base, a_h, a_w, bco, btx, b_src, n_ok, gemm_k, tw_, step, deltas, geo = operands
         k, k0, co, tx, ty = state
-        issue(smem, dy, w, stage, k, co, tx, ty, a_base, a_h, a_w, bco, btx, bty, k0, gemm_k, ph, pw, geo)
-        co, tx, ty = advance_tap(co, tx, ty, geo[9], tw_)
-        for i in range(B_LOADS):
-            bco[i], btx[i], bty[i] = advance_tap(bco[i], btx[i], bty[i], geo[9], tw_)
-        return i32(k + BK), i32(k0 + BK), i32(co), i32(tx), i32(ty)
+        issue(smem, dy, w, stage, k, k0, co, tx, ty, a_base, a_h, a_w, b_src, n_ok, gemm_k, geo)
+        co, tx, ty = step_tap(co, tx, ty, step, geo[9], tw_)
+        for i in range(B_LOADS):   # each B row's tap and filter offset, advanced without division or loop
+            c, t, o = i32(bco[i] + step[0]), i32(btx[i] + step[1]), i32(b_src[i] + deltas[0])
+            if c >= geo[9]:
+                c, t, o = i32(c - geo[9]), i32(t + 1), i32(o + deltas[1])
+            if t >= tw_:
+                t, o = i32(t - tw_), i32(o + deltas[2])
+            bco[i], btx[i], b_src[i] = c, t, o
+        return i32(k + BK), i32(k0 + BK), co, tx, ty
 
     main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next)
 
@@ -87,13 +92,13 @@ def make_dgrad(tile):
         a_w = cuda.local.array(A_LOADS, nbt.int32)
         bco = cuda.local.array(B_LOADS, nbt.int32)
         btx = cuda.local.array(B_LOADS, nbt.int32)
-        bty = cuda.local.array(B_LOADS, nbt.int32)
+        b_src = cuda.local.array(B_LOADS, nbt.int32)
         batch, h_, w_, c_in, oh_, ow_, c_out = geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9]
         kh_, kw_, s, p, accumulate = geo[10], geo[11], geo[12], geo[13], geo[16]
         ph, pw = i32(cuda.blockIdx.z // s), i32(cuda.blockIdx.z % s)
         h0, hc, dh, th_ = phase_class(ph, h_, s, p, kh_)
         w0, wc, dw, tw_ = phase_class(pw, w_, s, p, kw_)
-        gemm_m, gemm_n, gemm_k = batch * hc * wc, c_in, th_ * tw_ * c_out
+        gemm_m, gemm_n, gemm_k = i32(batch * hc * wc), c_in, i32(th_ * tw_ * c_out)
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
@@ -111,21 +116,20 @@ def make_dgrad(tile):
                 a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
         tiles = (gemm_k + BK - 1) // BK
         k = i32((tid & 3) * CHUNK)
-        co, tx, ty = k, i32(0), i32(0)
-        k0 = i32(0)
-        if tiles > 0:
-            while co >= c_out:
-                co -= c_out
-                tx += 1
-                if tx == tw_:
-                    tx = 0
-                    ty += 1
-            for i in range(B_LOADS):
-                q = tid // B_CPR + i * B_RPP
-                bco[i], t = q % c_out, q // c_out
-                btx[i], bty[i] = t % tw_, t // tw_
-        main_loop(smem, tiles, (dy, w, a_base, a_h, a_w, bco, btx, bty, gemm_k, ph, pw, tw_, geo),
-                  (k, k0, i32(co), i32(tx), i32(ty)), warp_m, warp_n, acc)
+        tw_ = max(tw_, i32(1))   # a class no tap reaches has no k-tiles: any non-zero divisor
+        co, tx, ty = tap_of(k, c_out, tw_)
+        step = tap_of(i32(BK), c_out, tw_)
+        # w[co, ph + s ty, pw + s tx, n] = co CO + ty TY + tx TX + (ph kw_ + pw) c_in + n: linear in the tap
+        tap_x, tap_y, tap_c = i32(s * c_in), i32(i32(s * kw_) * c_in), i32(i32(kh_ * kw_) * c_in)
+        deltas = (i32(i32(step[0] * tap_c) + i32(step[1] * tap_x) + i32(step[2] * tap_y)),
+                  i32(tap_x - i32(c_out * tap_c)), i32(tap_y - i32(tw_ * tap_x)))
+        n = i32(cuda.blockIdx.y * BN + (tid % B_CPR) * CHUNK)
+        for i in range(B_LOADS):
+            bco[i], btx[i], bty = tap_of(i32(tid // B_CPR + i * B_RPP), c_out, tw_)
+            b_src[i] = i32(i32(bco[i] * tap_c) + i32(bty * tap_y) + i32(btx[i] * tap_x) + i32(i32(ph * kw_) + pw) * c_in
+                           + n)
+        main_loop(smem, tiles, (dy, w, a_base, a_h, a_w, bco, btx, b_src, n < c_in, gemm_k, tw_, step, deltas, geo),
+                  (k, i32(0), co, tx, ty), warp_m, warp_n, acc)
         pixel = cuda.local.array((MI, 2), nbt.int32)   # the divisions stay out of the unrolled stores
         for mi in range(MI):
             for half in range(2):

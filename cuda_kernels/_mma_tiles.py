@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from numba import cuda
 
 from ._dynamic_smem import STATIC_SHARED_LIMIT
-from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16
+from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4_at, ldmatrix_x4_trans_at, mma_m16n8k16, shared_window
 from ._registry import SIMULATOR, ZERO, KernelSpec, nbt
 
 BK = 32
@@ -138,52 +138,53 @@ def kc_offset(row, chunk):
 def make_warp_step(tile, a_trans, b_trans):
     """``(fragment_offsets, warp_step)`` of a warp's ``mi x ni`` mma over one BK slice.
 
-    ``fragment_offsets(warp_m, warp_n, a_off, b_off)`` fills this lane's ldmatrix row offsets
-    (int32 ``(BK // 16, mi)`` and ``(BK // 16, ni // 2)`` bytes from a stage's A / B tile): they do
-    not change along the reduction, so the main loop only adds a stage's base. ``*_trans``: that
+    ``fragment_offsets(warp_m, warp_n, a_off, b_off)`` fills this lane's ldmatrix row offsets of the
+    warp's first A / B fragment (int32 ``(BK // 16,)`` bytes from a stage's tile; the others lie constant
+    steps further): they do not change along the reduction, so the main loop only adds a stage's base. ``*_trans``: that
     operand is stored MN-contiguous (rows = k) and read with ``ldmatrix.trans``.
-    ``warp_step(smem, a_base, b_base, a_off, b_off, acc)`` runs the slice whose tiles start at
-    bytes ``a_base`` / ``b_base``."""
+    ``warp_step(smem, window, a_base, b_base, a_off, b_off, acc)`` runs the slice whose tiles start at
+    bytes ``a_base`` / ``b_base`` (``window``: ``shared_window(smem)``)."""
     MI, NI, KK = tile.mi, tile.ni, BK // 16
     WTM, WTN = tile.bm // tile.warps_m, tile.bn // tile.warps_n
     A_ROW, B_ROW = (tile.bm + CHUNK) * 2, (tile.bn + CHUNK) * 2
+    # the next 16 rows (m or n) of a fragment: 16 swizzled rows further (the swizzle repeats every 8 rows),
+    # or 16 fp16 along a padded row (``.trans``): a constant the ldmatrix address takes as an immediate
+    A_STEP, B_STEP = 32 if a_trans else 16 * BK * 2, 32 if b_trans else 16 * BK * 2
     u32, i32 = nbt.uint32, nbt.int32
 
     @cuda.jit(device=True)
     def fragment_offsets(warp_m, warp_n, a_off, b_off):
-        lane = cuda.threadIdx.x & 31
+        lane = i32(cuda.threadIdx.x & 31)
+        m, n = i32(warp_m * WTM), i32(warp_n * WTN)
         for kk in range(KK):
-            for mi in range(MI):
-                m = warp_m * WTM + mi * 16
-                if a_trans:   # matrices: (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15) (m 8-15, k 8-15)
-                    k = kk * 16 + (lane & 7) + ((lane >> 4) << 3)
-                    a_off[kk, mi] = i32(k * A_ROW + (m + (((lane >> 3) & 1) << 3)) * 2)
-                else:
-                    a_off[kk, mi] = i32(kc_offset(m + (lane & 15), kk * 2 + (lane >> 4)))
-            for nj in range(NI // 2):
-                n = warp_n * WTN + nj * 16
-                if b_trans:   # matrices: (k 0-7, n 0-7) (k 8-15, n 0-7) (k 0-7, n 8-15) (k 8-15, n 8-15)
-                    k = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
-                    b_off[kk, nj] = i32(k * B_ROW + (n + ((lane >> 4) << 3)) * 2)
-                else:         # matrices: (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7) (n 8-15, k 8-15)
-                    b_off[kk, nj] = i32(kc_offset(n + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)))
+            if a_trans:   # matrices: (m 0-7, k 0-7) (m 8-15, k 0-7) (m 0-7, k 8-15) (m 8-15, k 8-15)
+                k = kk * 16 + (lane & 7) + ((lane >> 4) << 3)
+                a_off[kk] = i32(k * A_ROW + (m + (((lane >> 3) & 1) << 3)) * 2)
+            else:
+                a_off[kk] = i32(kc_offset(m + (lane & 15), kk * 2 + (lane >> 4)))
+            if b_trans:   # matrices: (k 0-7, n 0-7) (k 8-15, n 0-7) (k 0-7, n 8-15) (k 8-15, n 8-15)
+                k = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)
+                b_off[kk] = i32(k * B_ROW + (n + ((lane >> 4) << 3)) * 2)
+            else:         # matrices: (n 0-7, k 0-7) (n 0-7, k 8-15) (n 8-15, k 0-7) (n 8-15, k 8-15)
+                b_off[kk] = i32(kc_offset(n + ((lane >> 4) << 3) + (lane & 7), kk * 2 + ((lane >> 3) & 1)))
 
     @cuda.jit(device=True)
-    def warp_step(smem, a_base, b_base, a_off, b_off, acc):
+    def warp_step(smem, window, a_base, b_base, a_off, b_off, acc):
         af = cuda.local.array((MI, 4), u32)
         bf = cuda.local.array((NI, 2), u32)
         for kk in range(KK):
+            a_kk, b_kk = i32(a_base + a_off[kk]), i32(b_base + b_off[kk])
             for mi in range(MI):
                 if a_trans:
-                    r = ldmatrix_x4_trans(smem, a_base + a_off[kk, mi])
+                    r = ldmatrix_x4_trans_at(smem, window, i32(a_kk + mi * A_STEP))
                 else:
-                    r = ldmatrix_x4(smem, a_base + a_off[kk, mi])
+                    r = ldmatrix_x4_at(smem, window, i32(a_kk + mi * A_STEP))
                 af[mi, 0], af[mi, 1], af[mi, 2], af[mi, 3] = r[0], r[1], r[2], r[3]
             for nj in range(NI // 2):
                 if b_trans:
-                    r = ldmatrix_x4_trans(smem, b_base + b_off[kk, nj])
+                    r = ldmatrix_x4_trans_at(smem, window, i32(b_kk + nj * B_STEP))
                 else:
-                    r = ldmatrix_x4(smem, b_base + b_off[kk, nj])
+                    r = ldmatrix_x4_at(smem, window, i32(b_kk + nj * B_STEP))
                 bf[2 * nj, 0], bf[2 * nj, 1], bf[2 * nj + 1, 0], bf[2 * nj + 1, 1] = r[0], r[1], r[2], r[3]
             for mi in range(MI):
                 for ni in range(NI):
@@ -215,32 +216,36 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
     ``main_loop(smem, tiles, operands, state, warp_m, warp_n, acc)`` zeroes the warp's fp32 accumulators
     ``acc[mi, ni, 4]``, runs ``tiles`` k-tiles and returns with every copy landed (an epilogue that
     reuses ``smem`` syncs the block first)."""
-    MI, NI, NJ, KK = tile.mi, tile.ni, tile.ni // 2, BK // 16   # NJ: x4 B loads per k16 step
+    MI, NI, KK = tile.mi, tile.ni, BK // 16
     A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans, b_trans)
     fragment_offsets, warp_step = make_warp_step(tile, a_trans, b_trans)
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
 
     @cuda.jit(device=True)
     def main_loop(smem, tiles, operands, state, warp_m, warp_n, acc):
-        a_off = cuda.local.array((KK, MI), nbt.int32)
-        b_off = cuda.local.array((KK, NJ), nbt.int32)
+        a_off = cuda.local.array(KK, nbt.int32)
+        b_off = cuda.local.array(KK, nbt.int32)
         fragment_offsets(warp_m, warp_n, a_off, b_off)
+        window = shared_window(smem)
         for mi in range(MI):
             for ni in range(NI):
                 for r in range(4):
                     acc[mi, ni, r] = ZERO
         for stage in range(STAGES - 1):
             if stage < tiles:
-                state = issue_next(smem, stage, operands, state)
+                state = issue_next(smem, nbt.int32(stage), operands, state)
             cp_async_commit()
+        tiles = nbt.int32(tiles)
+        read, write = nbt.int32(0), nbt.int32(STAGES - 1)   # stages: int32 counters, no % in the loop
         for kt in range(tiles):
             wait_stage()
             block_barrier()
             if kt + STAGES - 1 < tiles:
-                state = issue_next(smem, (kt + STAGES - 1) % STAGES, operands, state)
+                state = issue_next(smem, write, operands, state)
             cp_async_commit()
-            stage = kt % STAGES
-            warp_step(smem, stage * A_STAGE, B_BASE + stage * B_STAGE, a_off, b_off, acc)
+            warp_step(smem, window, nbt.int32(read * A_STAGE), nbt.int32(B_BASE + read * B_STAGE), a_off, b_off, acc)
+            read = nbt.int32(0) if read == STAGES - 1 else nbt.int32(read + 1)
+            write = nbt.int32(0) if write == STAGES - 1 else nbt.int32(write + 1)
         wait_all()
     return main_loop
 

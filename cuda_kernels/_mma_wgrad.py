@@ -15,27 +15,15 @@ from numba import cuda
 from . import _conv
 from ._elementwise import fill_zero
 from ._gemm import CONV_GEOMETRY
-from ._mma import cp_async_16
-from ._mma_conv import store_chunk
+from ._mma import cp_async_16_at, shared_window
+from ._mma_conv import step_tap, store_chunk, tap_of
 from ._dynamic_smem import SMALLEST_MAX_SHARED
 from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
                          shared_array_words, stage_layout)
 from ._registry import F1, H1, ZERO, flat, nbt
 
-f16, i32 = nbt.float16, nbt.int32
+f16, i32, u32 = nbt.float16, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # a tap row that no pixel reaches: columns past N
-
-
-@cuda.jit(device=True)
-def advance_pixel(b, oh, ow, oh_, ow_):
-    ow += BK
-    while ow >= ow_:
-        ow -= ow_
-        oh += 1
-        if oh == oh_:
-            oh = 0
-            b += 1
-    return b, oh, ow
 
 
 def make_wgrad(tile, any_channels=False):
@@ -51,37 +39,38 @@ def make_wgrad(tile, any_channels=False):
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
 
     @cuda.jit(device=True)
-    def issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
+    def issue(smem, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
         h_, w_, c_in, c_out, s, p = geo[4], geo[5], geo[6], geo[9], geo[12], geo[13]
-        tid = cuda.threadIdx.x
+        tid = i32(cuda.threadIdx.x)
+        window = shared_window(smem)
+        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
         v = cuda.local.array(CHUNK, nbt.float16)
         for i in range(A_LOADS):
             r = tid // A_CPR + i * A_RPP
-            if r < BK:
-                pix = p0 + r
-                valid = pix < p_end and co < geo[0]
-                cp_async_16(smem, stage * A_STAGE + r * A_ROW + (tid % A_CPR) * 16, dy,
-                            pix * c_out + co if valid else i32(0), valid)
+            if A_LOADS * A_RPP == BK or r < BK:
+                pix = i32(p0 + r)
+                cp_async_16_at(smem, window, i32(a_stage + r * A_ROW + (tid % A_CPR) * 16), dy,
+                               i32(i32(pix * c_out) + co), pix < p_end and co_ok)
         for i in range(B_LOADS):
             r = tid // B_CPR + i * B_RPP
-            if r < BK and any_channels:
+            if any_channels and (B_LOADS * B_RPP == BK or r < BK):
                 for j in range(CHUNK):
                     hh, ww = poh[i] * s - p + tkh[j], pow_[i] * s - p + tkw[j]
                     valid = p0 + r < p_end and 0 <= hh < h_ and 0 <= ww < w_
                     v[j] = x[((pb[i] * h_ + hh) * w_ + ww) * c_in + tci[j]] if valid else f16(ZERO)
-                store_chunk(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, v)
-            elif r < BK:
-                hh, ww = poh[i] * s - p + kh, pow_[i] * s - p + kw
-                valid = p0 + r < p_end and n_ok and 0 <= hh < h_ and 0 <= ww < w_
-                cp_async_16(smem, B_BASE + stage * B_STAGE + r * B_ROW + (tid % B_CPR) * 16, x,
-                            ((pb[i] * h_ + hh) * w_ + ww) * c_in + ci if valid else i32(0), valid)
+                store_chunk(smem, b_stage + r * B_ROW + (tid % B_CPR) * 16, v)
+            elif B_LOADS * B_RPP == BK or r < BK:   # unsigned compares: negative rows are out of range too
+                hh, ww = i32(i32(poh[i] * s) + kh), i32(i32(pow_[i] * s) + kw)
+                valid = n_ok and i32(p0 + r) < p_end and u32(hh) < u32(h_) and u32(ww) < u32(w_)
+                cp_async_16_at(smem, window, i32(b_stage + r * B_ROW + (tid % B_CPR) * 16), x,
+                               i32(i32(i32(i32(pb[i] * h_) + hh) * w_ + ww) * c_in) + ci, valid)
 
     @cuda.jit(device=True)
     def issue_next(smem, stage, operands, p0):
-        dy, x, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo = operands
-        issue(smem, dy, x, stage, p0, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
-        for i in range(B_LOADS):
-            pb[i], poh[i], pow_[i] = advance_pixel(pb[i], poh[i], pow_[i], geo[7], geo[8])
+        dy, x, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, step, geo = operands
+        issue(smem, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
+        for i in range(B_LOADS):   # each row's pixel on by BK, without division or loop
+            pow_[i], poh[i], pb[i] = step_tap(pow_[i], poh[i], pb[i], step, geo[8], geo[7])
         return i32(p0 + BK)
 
     main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next)
@@ -117,7 +106,8 @@ def make_wgrad(tile, any_channels=False):
             pow_[i], t = q % ow_, q // ow_
             poh[i], pb[i] = t % oh_, t // oh_
         tiles = (p_end - p0 + BK - 1) // BK
-        main_loop(smem, tiles, (dy, x, p_end, co, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo), p0, warp_m,
+        main_loop(smem, tiles, (dy, x, i32(p_end), i32(co), co < gemm_m, n_ok, i32(kh - geo[13]), i32(kw - geo[13]),
+                                i32(ci), pb, poh, pow_, tkh, tkw, tci, tap_of(i32(BK), ow_, oh_), geo), i32(p0), warp_m,
                   warp_n, acc)
         for mi in range(MI):
             for ni in range(NI):
