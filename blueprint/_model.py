@@ -140,6 +140,17 @@ class InputSpec:
                              "units, not rescaled or normalised (the model normalises it itself)")
 
 
+def _finite_logits(logits: np.ndarray) -> np.ndarray:
+    """Logits with a NaN or Inf are refused, never ranked: the weights (or the input) are broken."""
+    finite = np.isfinite(logits).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ValueError(f"the model's logits are not finite (NaN/Inf) for {len(bad)} of {len(logits)} samples "
+                         f"(first: sample {bad[0]}); its weights diverged or the input is far outside the training "
+                         "data's range; use a checkpoint of a run that did not diverge")
+    return logits
+
+
 def _listed(value):
     return None if value is None else list(value)
 
@@ -198,7 +209,7 @@ class Model:
     # ---- inference ---------------------------------------------------------------------------------------
     def logits(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
         """float32 logits (N, classes) for raw data as in the training set (NHWC, its dtype)."""
-        return self._forward(self.spec.normalise(x, "Model.logits(x)"), batch_size)
+        return _finite_logits(self._forward(self.spec.normalise(x, "Model.logits(x)"), batch_size))
 
     def probabilities(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
         """Softmax of the logits, float32 (N, classes)."""

@@ -147,7 +147,7 @@ def run_train(args) -> int:
                "seconds": round(seconds, 3), "images_per_second": round(len(train) * len(history) / train_seconds, 1),
                "checkpoint": str(checkpoint), "run": run_id, "kept": [str(k) for k in kept]}
     if args.json:
-        print(json.dumps(metrics))
+        print(json.dumps(metrics, allow_nan=False))   # strict JSON: a NaN metric is a failed run, never printed
     else:
         print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {last.epoch} epochs in {seconds:.1f} s, "
               f"val accuracy {last.val_accuracy:.4f}, val loss {last.val_loss:.4f}")

@@ -109,6 +109,10 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
         if not isinstance(name, str) or not isinstance(tensor, np.ndarray):
             raise TypeError(f"save_checkpoint expects tensors as {{str: np.ndarray}}; found {name!r}: "
                             f"{type(tensor).__name__}.")
+    bad = first_non_finite(tensors)
+    if bad is not None:   # the loader would refuse the file: never write it (the previous one stays)
+        raise CheckpointIntegrityError(f"{path} not saved: tensor {bad[0]!r} holds {bad[1]} NaN/Inf value(s), which "
+                                       "load_checkpoint refuses; lower the learning rate or normalise the inputs")
     metadata = {STATE_KEY: json.dumps(_encode(state, "state")), FORMAT_KEY: FORMAT_VERSION}
     contiguous = {name: np.require(t, requirements="C") for name, t in tensors.items()}
     payload = memoryview(safetensors_bytes(contiguous, metadata=metadata))
@@ -182,13 +186,21 @@ def _verify(path: Path, metadata: dict) -> None:
             "(e.g. the previous epoch's)")
 
 
-def _check_finite(path: Path, tensors: dict[str, np.ndarray]) -> None:
+def first_non_finite(tensors: dict[str, np.ndarray]) -> tuple[str, int] | None:
+    """(name, count of NaN/Inf values) of the first floating-point tensor that is not finite, else None:
+    the one check both a save and a load make."""
     for name, tensor in tensors.items():
         if np.issubdtype(tensor.dtype, np.floating) and not np.isfinite(tensor).all():
-            bad = int(tensor.size - np.isfinite(tensor).sum())
-            raise CheckpointIntegrityError(
-                f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s); weights or optimizer state that are not "
-                "finite cannot be trained on. Resume from an earlier checkpoint (and lower the learning rate)")
+            return name, int(tensor.size - np.isfinite(tensor).sum())
+    return None
+
+
+def _check_finite(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise CheckpointIntegrityError(
+            f"{path}: tensor {bad[0]!r} holds {bad[1]} NaN/Inf value(s); weights or optimizer state that are not "
+            "finite cannot be trained on. Resume from an earlier checkpoint (and lower the learning rate)")
 
 
 def _fsync_folder(folder: Path) -> None:
