@@ -33,7 +33,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
+from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_bytes
 
 STATE_KEY = "blueprint_state"
@@ -43,7 +44,7 @@ HEADER_DIGEST_KEY = "blueprint_header_sha256"
 FORMAT_VERSION = "2"            # 2: integrity digests in the header
 HEADER_LENGTH_BYTES = 8         # safetensors: little-endian u64 header length, JSON header, data
 HEADER_ALIGNMENT = 8            # safetensors pads its JSON header with spaces to this multiple
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+MAX_HEADER_BYTES = 16 * 2**20   # header (tensor table + state): checked before it is read
 HASH_CHUNK = 2**20
 ARRAY_MARK = "__ndarray__"
 CHECKPOINT_MODE = 0o644
@@ -165,25 +166,32 @@ def _remove_orphans(folder: Path, name: str) -> None:
             pass
 
 
-def _verify(path: Path, metadata: dict) -> None:
-    """Recompute both digests from the file's bytes; raise naming the file on a mismatch."""
+def _verify(path: Path, header: dict, data: memoryview) -> None:
+    """Recompute both digests from the bytes read; raise naming the file on a mismatch."""
+    metadata = header.get("__metadata__") or {}
+    if _header_digest(header) != metadata.get(HEADER_DIGEST_KEY):
+        raise CheckpointIntegrityError(
+            f"{path}: the header (tensor table or training state) does not match its sha256 digest; the file "
+            "was corrupted or edited. Use another checkpoint (e.g. the previous epoch's)")
+    computed = hashlib.sha256(data).hexdigest()
+    if computed != metadata.get(DATA_DIGEST_KEY):
+        raise CheckpointIntegrityError(
+            f"{path}: the tensor data does not match its sha256 digest (stored {metadata.get(DATA_DIGEST_KEY)}, "
+            f"computed {computed}); the file was corrupted or edited. Use another checkpoint "
+            "(e.g. the previous epoch's)")
+
+
+def _read_once(path: Path) -> bytes:
+    """The whole file from one open descriptor, its header length checked before anything else is read: what
+    the tensors are parsed from and the digests computed over is one and the same snapshot, even while a
+    save replaces the path."""
     with open(path, "rb") as handle:
         length = int.from_bytes(handle.read(HEADER_LENGTH_BYTES), "little")
         if length > MAX_HEADER_BYTES:
-            raise CheckpointIntegrityError(f"{path}: header length {length} is impossible; the file is corrupted")
-        header = json.loads(handle.read(length))
-        if _header_digest(header) != metadata.get(HEADER_DIGEST_KEY):
-            raise CheckpointIntegrityError(
-                f"{path}: the header (tensor table or training state) does not match its sha256 digest; the file "
-                "was corrupted or edited. Use another checkpoint (e.g. the previous epoch's)")
-        digest = hashlib.sha256()
-        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != metadata.get(DATA_DIGEST_KEY):
-        raise CheckpointIntegrityError(
-            f"{path}: the tensor data does not match its sha256 digest (stored {metadata.get(DATA_DIGEST_KEY)}, "
-            f"computed {digest.hexdigest()}); the file was corrupted or edited. Use another checkpoint "
-            "(e.g. the previous epoch's)")
+            raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file (its "
+                             f"header length, {length:,} bytes, is over the {MAX_HEADER_BYTES:,} a checkpoint's "
+                             "header may have).")
+        return length.to_bytes(HEADER_LENGTH_BYTES, "little") + handle.read()
 
 
 def first_non_finite(tensors: dict[str, np.ndarray]) -> tuple[str, int] | None:
@@ -227,11 +235,12 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
                                    ", e.g. a run folder's checkpoint.safetensors (this folder has none)"))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist. Check the path, or train first to create it.")
+    raw = _read_once(path)
     try:
-        with safe_open(str(path), framework="np") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
+        tensors = safetensors_load(raw)           # validates the header: offsets, dtypes, shapes
+        header, data = _split(memoryview(raw))
+        metadata = header.get("__metadata__") or {}
+    except (SafetensorError, OSError, ValueError, RecursionError) as error:
         raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file "
                          f"({error}).") from error
     if STATE_KEY not in metadata:
@@ -241,6 +250,10 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
         raise ValueError(f"{path} has checkpoint format {metadata.get(FORMAT_KEY)!r}; this version reads "
                          f"format {FORMAT_VERSION!r} (format '1' predates integrity digests: re-create it with the "
                          "version that wrote it, or retrain).")
-    _verify(path, metadata)
+    _verify(path, header, data)
     _check_finite(path, tensors)
-    return tensors, _decode(json.loads(metadata[STATE_KEY]))
+    try:
+        return tensors, _decode(json.loads(metadata[STATE_KEY]))
+    except (ValueError, RecursionError, TypeError, KeyError) as error:   # a crafted state, e.g. nested 100k deep
+        raise ValueError(f"{path}: its training state is not a blueprint state ({type(error).__name__}); the file "
+                         "was written by another program") from None
