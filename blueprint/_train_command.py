@@ -17,7 +17,7 @@ from pathlib import Path
 from blueprint import zoo
 from blueprint._launch import add_launch_arguments, in_torchrun_worker, launch_workers
 from blueprint._model_source import CliError, load_model
-from blueprint._run_folder import append_history, keep_earlier, new_run_id, run_folder
+from blueprint._run_folder import append_history, keep_earlier, new_run_id, restore_history, run_folder
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
 from blueprint.task._position import interrupt_path
@@ -166,6 +166,7 @@ def _fit(task, args, out, checkpoint, run_id):
     if args.resume:
         task = task.resume(args.resume)
         _check_epochs_left(task, args)
+        restore_history(out, run_id, [record.as_dict() for record in task.session().history])
     history = task.fit()
     return history, time.perf_counter() - start
 
