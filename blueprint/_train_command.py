@@ -20,11 +20,12 @@ from blueprint._model_source import CliError, load_model
 from blueprint._run_folder import append_history, keep_earlier, new_run_id, restore_history, run_folder
 from blueprint.optim import SGD, AdamW, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import DeepLearningTask
-from blueprint.task._position import interrupt_path
+from blueprint.task._position import Terminated, interrupt_path
 from blueprint.task.data import Augment, cifar10, digits, synthetic
 
 DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 32, "seed": 0}
 CHECKPOINT_NAME = "checkpoint.safetensors"
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143   # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
 SYNTHETIC_SIZES = (2048, 512)   # train, val: two draws from one synthetic distribution
 DEFAULT_LR = {"sgd": 0.05, "adamw": 2e-3}
 OUTPUT_HELP = ("Progress goes to stderr: a bar per batch on a terminal, one line per epoch (train and "
@@ -116,7 +117,7 @@ def run_train(args) -> int:
     train, val, data_name = load_data(args.data)
     task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched
     if in_torchrun_worker():   # one data-parallel replica; rank 0 alone writes the run folder and prints
-        task = task.distributed(sync_batchnorm=args.sync_batchnorm)
+        task = task.distributed(sync_batchnorm=args.sync_batchnorm, timeout_s=args.timeout)
         if not task.distributed_config.is_writer:
             if args.resume:
                 task = task.resume(args.resume)
@@ -135,9 +136,9 @@ def run_train(args) -> int:
         try:
             with keep_earlier([] if args.resume else [checkpoint, saved]) as kept:
                 history, seconds = _fit(task, args, out, checkpoint, run_id)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             _say_interrupted(checkpoint, saved, earlier)
-            return 130
+            return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
         finally:
             _say_kept(kept, args)
         plot = _plot(history, out / "curves.png")
