@@ -233,6 +233,8 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
         raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file; pass a file in it"
                                 + (f" ({', '.join(str(path / name) for name in inside)})" if inside else
                                    ", e.g. a run folder's checkpoint.safetensors (this folder has none)"))
+    if path.exists() and not path.is_file():
+        raise ValueError(f"checkpoint {path} is not a regular file (a pipe or device); pass a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist. Check the path, or train first to create it.")
     raw = _read_once(path)
@@ -253,7 +255,11 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
     _verify(path, header, data)
     _check_finite(path, tensors)
     try:
-        return tensors, _decode(json.loads(metadata[STATE_KEY]))
+        state = _decode(json.loads(metadata[STATE_KEY]))
+        if not isinstance(state, dict):
+            raise TypeError(f"a JSON {type(state).__name__}, not an object")
+        return tensors, state
     except (ValueError, RecursionError, TypeError, KeyError) as error:   # a crafted state, e.g. nested 100k deep
-        raise ValueError(f"{path}: its training state is not a blueprint state ({type(error).__name__}); the file "
+        raise ValueError(f"{path}: its training state is not a blueprint state ({type(error).__name__}: "
+                         f"{str(error)[:80]}); the file "
                          "was written by another program") from None

@@ -380,6 +380,7 @@ class DeepLearningTask(FitLoop, SaveResume):
             raise ConfigError(f"evaluate(): the model was compiled for samples {self.train_set.sample_shape}, "
                               f"got {dataset.sample_shape}")
         check_same_dtype(self.train_set, dataset, "evaluate(dataset)")
+        check_labels(dataset, session.executor.classes, "evaluate(dataset)")
         loader = DataLoader(dataset, session.eval_batch, shuffle=False, seed=0, mean=mean, std=std)
         if self.distributed_config is not None:   # each rank its share; the metrics are summed over the ranks
             loader = replica_loaders(self.distributed_config, None, loader)[1]
@@ -418,3 +419,10 @@ def check_same_dtype(train, other, where: str) -> None:
         raise ConfigError(f"{where}: the training data is {train.x.dtype} but this set is {other.x.dtype}; uint8 "
                           "images are divided by 255 before normalising and other data by 1, so one of the two "
                           f"would be off by 255; pass this set as {train.x.dtype}, in the training set's units")
+
+
+def check_labels(dataset, classes: int, where: str) -> None:
+    labels = np.asarray(dataset.y)
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ConfigError(f"{where}: labels must be in [0, {classes}) for this {classes}-class model, got values in "
+                          f"[{labels.min()}, {labels.max()}]; pass labels of the classes the model was trained on")
