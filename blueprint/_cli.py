@@ -15,6 +15,7 @@ unknown model, a file without the attribute, a shape that does not fit) prints o
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -55,6 +56,23 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `blueprint plan resnet152 | head`: the reader left; leave quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as error:
+        if error.errno not in FILE_SYSTEM_ERRNOS:
+            raise
+        print("error: " + file_system_message(error), file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+#: File-system refusals that are the user's to fix (a full disk, a read-only or mistyped path), reported as
+#: one line; any other OSError is a bug and keeps its traceback.
+FILE_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+                      errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.ELOOP}
+
+
+def file_system_message(error: OSError) -> str:
+    where = f" ({error.filename})" if error.filename else ""
+    return (f"{error.strerror or error}{where}; nothing of the previous checkpoint was lost. Check the path, its "
+            "permissions and the free space, or pass another --out")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ Several machines: the same command on each with ``--nnodes M --rdzv-endpoint HOS
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -31,6 +32,9 @@ def add_launch_arguments(command) -> None:
                        help="rendezvous of a multi-machine run: the same HOST:PORT on every machine")
     group.add_argument("--rdzv-id", default="blueprint", metavar="ID",
                        help="the job's name at the rendezvous (default %(default)s)")
+    group.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                       help="how long a worker waits for the others in a collective before the run stops with an "
+                            "error (default 300)")
     group.add_argument("--sync-batchnorm", action="store_true",
                        help="BatchNorm statistics over the global batch (default: per worker, as DDP)")
 
@@ -87,3 +91,13 @@ def launch_workers(command, args) -> int:
               "error is above, prefixed with its rank", file=sys.stderr)
         return 1
     return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value

@@ -12,6 +12,7 @@ Like a PyTorch module the weights change in place (`load_state_dict`); the input
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +141,17 @@ class InputSpec:
                              "units, not rescaled or normalised (the model normalises it itself)")
 
 
+def _finite_logits(logits: np.ndarray) -> np.ndarray:
+    """Logits with a NaN or Inf are refused, never ranked: the weights (or the input) are broken."""
+    finite = np.isfinite(logits).all(axis=1)
+    if not finite.all():
+        bad = np.flatnonzero(~finite)
+        raise ValueError(f"the model's logits are not finite (NaN/Inf) for {len(bad)} of {len(logits)} samples "
+                         f"(first: sample {bad[0]}); its weights diverged or the input is far outside the training "
+                         "data's range; use a checkpoint of a run that did not diverge")
+    return logits
+
+
 def _listed(value):
     return None if value is None else list(value)
 
@@ -164,6 +176,7 @@ class Model:
         self.spec = spec if isinstance(spec, InputSpec) else InputSpec(tuple(spec))
         self.seed = seed
         self._executors: dict[int, object] = {}
+        self._lock = threading.RLock()   # guards the executor cache and weight loads; each executor has its own
         self._weights = self._executor(1).state_dict()   # the initial weights of `seed`
         self.classes = self._executors[1].classes
 
@@ -187,6 +200,10 @@ class Model:
     def load_state_dict(self, state: dict, strict: bool = True) -> "Model":
         """Load PyTorch-layout weights (numpy arrays or torch tensors; torchvision's keys for zoo
         models). Every key, shape and value is checked first; on any problem nothing is loaded."""
+        with self._lock:
+            return self._load_state_dict(state, strict)
+
+    def _load_state_dict(self, state: dict, strict: bool) -> "Model":
         probe = self._executor(1)
         probe.load_state_dict(state, strict)
         self._weights = probe.state_dict()
@@ -198,7 +215,7 @@ class Model:
     # ---- inference ---------------------------------------------------------------------------------------
     def logits(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
         """float32 logits (N, classes) for raw data as in the training set (NHWC, its dtype)."""
-        return self._forward(self.spec.normalise(x, "Model.logits(x)"), batch_size)
+        return _finite_logits(self._forward(self.spec.normalise(x, "Model.logits(x)"), batch_size))
 
     def probabilities(self, x: np.ndarray, batch_size: int = DEFAULT_BATCH) -> np.ndarray:
         """Softmax of the logits, float32 (N, classes)."""
@@ -231,19 +248,22 @@ class Model:
 
     def _executor(self, batch: int):
         """The CPU executor of the eval plan for ``batch`` samples, compiled on first use and cached."""
-        if batch not in self._executors:
-            from cpu_ref import CpuExecutor
-            from planner import ArchPlan
-            from planner.compiler import Compiler
+        with self._lock:
+            return self._executors[batch] if batch in self._executors else self._new_executor(batch)
 
-            h, w, c = self.spec.sample_shape
-            arch = ArchPlan.from_blueprint(self.blueprint, in_channels=c, fuse=False, amp=False)
-            plan = Compiler(arch).compile({"eval": (batch, h, w, c)}, training=False)
-            executor = CpuExecutor(plan, seed=self.seed)
-            if self._executors:
-                executor.load_state_dict(self._weights)
-            self._executors[batch] = executor
-        return self._executors[batch]
+    def _new_executor(self, batch: int):
+        from cpu_ref import CpuExecutor
+        from planner import ArchPlan
+        from planner.compiler import Compiler
+
+        h, w, c = self.spec.sample_shape
+        arch = ArchPlan.from_blueprint(self.blueprint, in_channels=c, fuse=False, amp=False)
+        plan = Compiler(arch).compile({"eval": (batch, h, w, c)}, training=False)
+        executor = CpuExecutor(plan, seed=self.seed)
+        if self._executors:
+            executor.load_state_dict(self._weights)
+        self._executors[batch] = executor
+        return executor
 
     def __repr__(self) -> str:
         return f"Model({self.blueprint.name or 'BluePrint'}, input={self.spec.sample_shape} {self.spec.dtype}, " \

@@ -38,6 +38,8 @@ from blueprint._errors import ConfigError
 from blueprint._layer import BlockStyle, BluePrint, Kind
 
 QUOTE_LIMIT = 120   # characters of the offending text quoted in an error
+MAX_TEXT_CHARS = 1_000_000   # a whole text (the zoo's longest model prints in under 1,500)
+MAX_STRING_CHARS = 1_000     # one quoted string literal, quotes included (a layer name)
 
 # Names `repr` prints, each derived from the table it comes from (never a hand list).
 FACTORIES = {kind.value: getattr(factories, kind.value) for kind in Kind}
@@ -48,9 +50,12 @@ _TOKEN = re.compile(r"""
     (?P<space>\s+)
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<string>'(?:[^'\\\n]|\\[^\n])*'|"(?:[^"\\\n]|\\[^\n])*")
+  | (?P<string>['"])
   | (?P<punct>[()\[\],.\-])
 """, re.VERBOSE)
+# A string's body is scanned run by run (one match per run of plain characters or escape), never with
+# one regex repetition per character: the regex engine keeps ~230 bytes of state per repetition.
+_STRING_RUN = {"'": re.compile(r"[^'\\\n]*(?:\\[^\n])?"), '"': re.compile(r'[^"\\\n]*(?:\\[^\n])?')}
 _CLOSER = {"(": ")", "[": "]"}
 
 
@@ -121,16 +126,34 @@ class _Reader:
                           "literals)")
 
     def _tokenise(self) -> list[tuple[str, str, int]]:
+        if len(self.text) > MAX_TEXT_CHARS:
+            raise ConfigError(f"cannot read {self.what}: the text has {len(self.text):,} characters; at most "
+                              f"{MAX_TEXT_CHARS:,} are read (DSL code as repr() prints it is far shorter); the "
+                              "file was corrupted or edited")
         tokens, position = [], 0
         while position < len(self.text):
             match = _TOKEN.match(self.text, position)
             if match is None:
                 self.fail(f"unexpected {self.text[position]!r}", position)
+            end = self._string_end(position) if match.lastgroup == "string" else match.end()
             if match.lastgroup != "space":
-                tokens.append((match.lastgroup, match.group(), position))
-            position = match.end()
+                tokens.append((match.lastgroup, self.text[position:end], position))
+            position = end
         tokens.append(("end", "", len(self.text)))
         return tokens
+
+    def _string_end(self, start: int) -> int:
+        """The end of the string literal opened at `start`: linear in its length, constant memory."""
+        quote, text = self.text[start], self.text
+        run, position = _STRING_RUN[quote], start + 1
+        while position - start <= MAX_STRING_CHARS:
+            if position < len(text) and text[position] == quote:
+                return position + 1
+            end = run.match(text, position).end()
+            if end == position:
+                self.fail("unterminated string literal", start)
+            position = end
+        self.fail(f"string of more than {MAX_STRING_CHARS:,} characters (a layer name is far shorter)", start)
 
     def next(self) -> tuple[str, str, int]:
         token = self.tokens[self.at]

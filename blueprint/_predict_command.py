@@ -65,6 +65,8 @@ def run_predict(args) -> int:
 
 
 def run_export(args) -> int:
+    if Path(args.onnx).is_dir():
+        raise CliError(f"--onnx {args.onnx} is a folder; name the file to write, e.g. {Path(args.onnx) / 'model.onnx'}")
     model = Model.load(args.checkpoint)
     try:
         path = model.export_onnx(args.onnx, batch=args.batch)
@@ -79,10 +81,17 @@ def run_export(args) -> int:
 
 
 def _read_npy(path: Path) -> np.ndarray:
+    if path.exists() and not path.is_file():
+        raise CliError(f"input {path} is not a regular file (a folder, pipe or device); save the samples with "
+                       "np.save(path, x) and pass that file")
     if not path.is_file():
         raise FileNotFoundError(f"input {path} does not exist; save the samples with np.save(path, x)")
     try:
-        return np.load(path, allow_pickle=False)   # never unpickle a file
-    except ValueError as error:   # also a pickled (object) array, which is never loaded
-        raise CliError(f"{path}: not a .npy file of numbers; save the samples with np.save(path, x) where x is a "
-                       "numeric array") from error
+        x = np.load(path, allow_pickle=False)   # never unpickle a file
+        if not isinstance(x, np.ndarray):
+            raise ValueError(f"it holds {type(x).__name__}, not one array")
+        return x
+    except (ValueError, EOFError) as error:   # also a pickled (object) array, an .npz, a header that lies
+        why = " ".join(str(error).split())[:200]
+        raise CliError(f"{path}: not a .npy file of numbers ({why}); save the samples with np.save(path, x) where x "
+                       "is a numeric array") from error

@@ -5,7 +5,8 @@
   kernel drops the lock when its process dies, however it dies, so the lock of a killed run
   is simply taken over by the next one.
 - **History.** Each run appends to ``OUT/history.jsonl``, one JSON object per epoch with a
-  ``run`` id (UTC start time, pid, random tag); earlier runs' lines are never rewritten.
+  ``run`` id (UTC start time, pid, random tag); earlier runs' lines are never rewritten. A
+  resumed run first appends the checkpoint's epochs that the file lacks (``restore_history``).
 - **Earlier checkpoints kept.** A fresh run (not ``--resume``) into a folder holding an earlier
   run's ``checkpoint.safetensors`` / ``checkpoint.interrupted.safetensors`` keeps each under a
   second name with its UTC modification time (``checkpoint.20261203T181502Z.safetensors``) once
@@ -93,6 +94,29 @@ def append_history(folder: Path, run_id: str, record: dict) -> None:
     """One epoch's line, tagged with the run; appended, never truncating earlier runs."""
     with open(Path(folder) / HISTORY_NAME, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"run": run_id, **record}) + "\n")
+
+
+def restore_history(folder: Path, run_id: str, records: list[dict]) -> list[int]:
+    """On resume: append the lines of the checkpoint's epochs after the file's last line (a run killed between
+    an epoch's checkpoint save and its history line lost that line); earlier lines are never rewritten.
+    Returns the epochs restored."""
+    path = Path(folder) / HISTORY_NAME
+    last_epoch, last_run = 0, run_id
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):   # a line torn by the kill: the next line starts on its own
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write("\n")
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+                last_epoch, last_run = int(entry["epoch"]), str(entry.get("run", run_id))
+            except (ValueError, TypeError, KeyError):   # a line cut short by the kill: not an epoch
+                continue
+    missing = [record for record in records if record["epoch"] > last_epoch]
+    for record in missing:
+        append_history(folder, last_run, record)
+    return [record["epoch"] for record in missing]
 
 
 @contextmanager

@@ -17,17 +17,18 @@ from pathlib import Path
 from blueprint import zoo
 from blueprint._launch import add_launch_arguments, in_torchrun_worker, launch_workers
 from blueprint._model_source import CliError, load_model
-from blueprint._run_folder import append_history, keep_earlier, new_run_id, run_folder
+from blueprint._run_folder import append_history, keep_earlier, new_run_id, restore_history, run_folder
 from blueprint._train_options import (DEFAULT_VAL_FRACTION, OPTIMIZERS, SCHEDULE_CHOICES, DataOptions,
                                       add_training_arguments, augment_for, callbacks_for, data_options, optimizer_for,
                                       plural)
 from blueprint.optim import CrossEntropyLoss
 from blueprint.task import DeepLearningTask
-from blueprint.task._position import interrupt_path
+from blueprint.task._position import Terminated, interrupt_path
 from blueprint.task.data import cifar10, digits, image_folder, synthetic, validation_split
 
 DEFAULTS = {"model": "small_cnn", "data": "digits", "epochs": 8, "batch_size": 32, "seed": 0}
 CHECKPOINT_NAME = "checkpoint.safetensors"
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143   # 128 + SIGINT, 128 + SIGTERM, as a shell reports them
 SYNTHETIC_SIZES = (2048, 512)   # train, val: two draws from one synthetic distribution
 OUTPUT_HELP = ("Progress goes to stderr: a bar per batch on a terminal, one line per epoch (train and "
                "validation loss/accuracy, time, img/s, lr) anywhere else; the result goes to stdout.")
@@ -149,7 +150,7 @@ def run_train(args) -> int:
     train, val, data_name = load_data(args.data, data_options(args))
     task = build_task(args, train, val, data_name)   # every argument checked before the folder is touched
     if in_torchrun_worker():   # one data-parallel replica; rank 0 alone writes the run folder and prints
-        task = task.distributed(sync_batchnorm=args.sync_batchnorm)
+        task = task.distributed(sync_batchnorm=args.sync_batchnorm, timeout_s=args.timeout)
         if not task.distributed_config.is_writer:
             if args.resume:
                 task = task.resume(args.resume)
@@ -168,9 +169,9 @@ def run_train(args) -> int:
         try:
             with keep_earlier([] if args.resume else [checkpoint, saved]) as kept:
                 history, seconds = _fit(task, args, out, checkpoint, run_id)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             _say_interrupted(checkpoint, saved, earlier)
-            return 130
+            return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
         finally:
             _say_kept(kept, args)
         plot = _plot(history, out / "curves.png")
@@ -181,7 +182,7 @@ def run_train(args) -> int:
                "checkpoint": str(checkpoint), "run": run_id, "kept": [str(k) for k in kept],
                "stopped_early": last.epoch < args.epochs}
     if args.json:
-        print(json.dumps(metrics))
+        print(json.dumps(metrics, allow_nan=False))   # strict JSON: a NaN metric is a failed run, never printed
     else:
         early = " (stopped early)" if last.epoch < args.epochs else ""
         print(f"trained {task.blueprint_value.name or args.model} on {data_name}: {plural(last.epoch, 'epoch')}{early} "
@@ -202,6 +203,7 @@ def _fit(task, args, out, checkpoint, run_id):
     if args.resume:
         task = task.resume(args.resume)
         _check_epochs_left(task, args)
+        restore_history(out, run_id, [record.as_dict() for record in task.session().history])
     history = task.fit()
     return history, time.perf_counter() - start
 

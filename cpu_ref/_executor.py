@@ -13,6 +13,7 @@ import numpy as np
 
 from blueprint.optim import SGD, AdamW
 from cpu_ref import kernels as K
+from planner import arena_budget
 from planner.executor_api import ExecutorBase, FinishedStep, InputError, dropout_seed, step_result
 from planner.init import initial_parameters
 from planner.ops import Prim
@@ -41,6 +42,7 @@ class CpuExecutor(ExecutorBase):
                              "(fused fp16 plans run on CudaExecutor)")
         CPU.check_plan(plan)
         super().__init__(plan, loss, optimizer, seed)
+        arena_budget.check_arena_fits(plan, arena_budget.host_available_bytes(), "host")
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
         self._views: dict[str, dict[int, np.ndarray]] = {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from planner.arena_budget import check_arena_fits
 from planner.executor_api import ExecutorBase, InputError, step_result
 from planner.init import initial_parameters
 from planner.plan import Role
@@ -99,6 +100,7 @@ class CudaExecutor(ExecutorBase):
         self.kernels = kernels
         self.replay = ("graph" if graph_support()[0] else "eager") if replay == "auto" else replay
         self.stream = new_stream()
+        check_arena_fits(plan, _device_free_bytes(), "GPU")
         self.arena = DeviceArena(plan.memory.arena_bytes)
         self.arena.zero(Immediate(self.stream))
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
@@ -302,3 +304,11 @@ class PendingStep:
 
 
 __all__ = ["CudaExecutor", "InputError", "PendingStep", "cuda_unavailable_reason"]
+
+
+def _device_free_bytes() -> int | None:
+    """Free memory of the current GPU, or None where numba cannot tell (the simulator)."""
+    try:
+        return int(cuda.current_context().get_memory_info().free)
+    except Exception:   # noqa: BLE001 - the simulator and old drivers lack it: then the arena is not checked
+        return None

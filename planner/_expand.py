@@ -13,6 +13,7 @@ and whose walk steps return C tuples `(value, channels, rank)`. Parameter values
 ...) stay Python objects, so the records are identical, type for type, in both builds.
 """
 from blueprint._layer import BlockStyle, Kind
+from planner._bounds import check_tree, recursion_room
 from planner._expand_error import ExpandError
 from planner.ops import OPS, SHAPE_PRESERVING
 
@@ -309,7 +310,10 @@ class _Walker:
 
 
 def expand_tree(root, in_channels):
-    """Flatten `root` (a `Layer`) into raw primitive records; see the module docstring."""
+    """Flatten `root` (a `Layer`) into raw primitive records; see the module docstring. A tree past
+    `planner._bounds`' limits (nesting depth, expanded layers) is refused before the walk."""
+    depth = check_tree(root)
     walker = _Walker()
-    walker.walk(root, 0, in_channels, 4, "", KIND_NAME[id(root.kind)])
+    with recursion_room(depth):
+        walker.walk(root, 0, in_channels, 4, "", KIND_NAME[id(root.kind)])
     return walker.records

@@ -18,7 +18,9 @@ The CPU path runs each op at once; the CUDA path records the ops on a launch tap
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -103,6 +105,16 @@ def keep_local_gradients(executor, launcher=None) -> None:
     """The gradient reduction of a single process: the gradients are already the batch's."""
 
 
+def serialised(method):
+    """Run `method` holding the executor's lock: one arena serves one call at a time, so threads sharing an
+    executor (or a `Model`) take turns instead of overwriting each other's activations."""
+    @functools.wraps(method)
+    def holding_the_arena(self, *args, **kwargs):
+        with self.__dict__.setdefault("_arena_lock", threading.RLock()):   # setdefault is atomic
+            return method(self, *args, **kwargs)
+    return holding_the_arena
+
+
 class ExecutorBase:
     #: Called by `_after_backward`, between the last backward op and the optimizer; a data-parallel
     #: replica (`blueprint.distributed`) replaces it with the all-reduce over its gradient region (the
@@ -163,6 +175,7 @@ class ExecutorBase:
             run_op(op)
 
     # ---- steps -----------------------------------------------------------------------------------------
+    @serialised
     def forward(self, x: np.ndarray, train: bool = False) -> np.ndarray:
         """Logits (float32) for a batch. `train=True` runs the training forward (batch statistics,
         dropout, running-stat updates) without backward or update."""
@@ -171,6 +184,7 @@ class ExecutorBase:
         variant = self._variant_for(x.shape, graph)
         return self._forward(variant, graph, x).astype(np.float32)
 
+    @serialised
     def evaluate_batch(self, x: np.ndarray, y) -> tuple[float, int, np.ndarray]:
         """(mean loss, number correct, logits) in eval mode."""
         y = self._check_batch(x, y)
@@ -184,6 +198,7 @@ class ExecutorBase:
         loss, self.last_correct = self.submit_train_step(x, y, lr).result()
         return loss
 
+    @serialised
     def submit_train_step(self, x: np.ndarray, y, lr: float):
         """Start one training step; ``.result()`` gives ``(loss, number correct)``. The CPU path has run
         the step by the time this returns; the CUDA path returns once the step is queued on its stream."""
@@ -248,6 +263,7 @@ class ExecutorBase:
         """Parameter gradients of the last train step, by name, in PyTorch layout."""
         return {p.name: to_torch_layout(p, self._read(p.grad)) for p in self.plan.params if p.grad >= 0}
 
+    @serialised
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and BN statistics by name, in PyTorch layouts (copies)."""
         return {p.name: to_torch_layout(p, self._read(p.tensor)) for p in self.plan.params}
@@ -268,12 +284,14 @@ class ExecutorBase:
         problems.raise_if_any("load_state_dict", WEIGHTS_FIX)
         return converted
 
+    @serialised
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Load PyTorch-layout arrays (numpy, or anything `np.asarray` takes: torch tensors too).
         Everything is validated first (`check_state_dict`); on any problem nothing is written."""
         for tid, value in self.check_state_dict(state, strict).items():
             self._write(tid, value)
 
+    @serialised
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """Optimizer state tensors by name (`state0.<param>`, ...) plus the step count."""
         state = {t.name: self._read(t.id) for t in self._state_tensors()}
@@ -314,6 +332,7 @@ class ExecutorBase:
         slots = len(trainable[0].state) if trainable else 0
         return [self.plan.tensor(p.state[slot]) for slot in range(slots) for p in trainable]
 
+    @serialised
     def load_optimizer_state(self, state: dict) -> None:
         """Load an `optimizer_state()` dict; everything is validated first, so on any problem nothing is written."""
         converted, step = self.check_optimizer_state(state)

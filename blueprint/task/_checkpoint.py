@@ -33,7 +33,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
+from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_bytes
 
 STATE_KEY = "blueprint_state"
@@ -43,7 +44,7 @@ HEADER_DIGEST_KEY = "blueprint_header_sha256"
 FORMAT_VERSION = "2"            # 2: integrity digests in the header
 HEADER_LENGTH_BYTES = 8         # safetensors: little-endian u64 header length, JSON header, data
 HEADER_ALIGNMENT = 8            # safetensors pads its JSON header with spaces to this multiple
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+MAX_HEADER_BYTES = 16 * 2**20   # header (tensor table + state): checked before it is read
 HASH_CHUNK = 2**20
 ARRAY_MARK = "__ndarray__"
 CHECKPOINT_MODE = 0o644
@@ -109,6 +110,10 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
         if not isinstance(name, str) or not isinstance(tensor, np.ndarray):
             raise TypeError(f"save_checkpoint expects tensors as {{str: np.ndarray}}; found {name!r}: "
                             f"{type(tensor).__name__}.")
+    bad = first_non_finite(tensors)
+    if bad is not None:   # the loader would refuse the file: never write it (the previous one stays)
+        raise CheckpointIntegrityError(f"{path} not saved: tensor {bad[0]!r} holds {bad[1]} NaN/Inf value(s), which "
+                                       "load_checkpoint refuses; lower the learning rate or normalise the inputs")
     metadata = {STATE_KEY: json.dumps(_encode(state, "state")), FORMAT_KEY: FORMAT_VERSION}
     contiguous = {name: np.require(t, requirements="C") for name, t in tensors.items()}
     payload = memoryview(safetensors_bytes(contiguous, metadata=metadata))
@@ -161,34 +166,49 @@ def _remove_orphans(folder: Path, name: str) -> None:
             pass
 
 
-def _verify(path: Path, metadata: dict) -> None:
-    """Recompute both digests from the file's bytes; raise naming the file on a mismatch."""
-    with open(path, "rb") as handle:
-        length = int.from_bytes(handle.read(HEADER_LENGTH_BYTES), "little")
-        if length > MAX_HEADER_BYTES:
-            raise CheckpointIntegrityError(f"{path}: header length {length} is impossible; the file is corrupted")
-        header = json.loads(handle.read(length))
-        if _header_digest(header) != metadata.get(HEADER_DIGEST_KEY):
-            raise CheckpointIntegrityError(
-                f"{path}: the header (tensor table or training state) does not match its sha256 digest; the file "
-                "was corrupted or edited. Use another checkpoint (e.g. the previous epoch's)")
-        digest = hashlib.sha256()
-        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    if digest.hexdigest() != metadata.get(DATA_DIGEST_KEY):
+def _verify(path: Path, header: dict, data: memoryview) -> None:
+    """Recompute both digests from the bytes read; raise naming the file on a mismatch."""
+    metadata = header.get("__metadata__") or {}
+    if _header_digest(header) != metadata.get(HEADER_DIGEST_KEY):
+        raise CheckpointIntegrityError(
+            f"{path}: the header (tensor table or training state) does not match its sha256 digest; the file "
+            "was corrupted or edited. Use another checkpoint (e.g. the previous epoch's)")
+    computed = hashlib.sha256(data).hexdigest()
+    if computed != metadata.get(DATA_DIGEST_KEY):
         raise CheckpointIntegrityError(
             f"{path}: the tensor data does not match its sha256 digest (stored {metadata.get(DATA_DIGEST_KEY)}, "
-            f"computed {digest.hexdigest()}); the file was corrupted or edited. Use another checkpoint "
+            f"computed {computed}); the file was corrupted or edited. Use another checkpoint "
             "(e.g. the previous epoch's)")
 
 
-def _check_finite(path: Path, tensors: dict[str, np.ndarray]) -> None:
+def _read_once(path: Path) -> bytes:
+    """The whole file from one open descriptor, its header length checked before anything else is read: what
+    the tensors are parsed from and the digests computed over is one and the same snapshot, even while a
+    save replaces the path."""
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(HEADER_LENGTH_BYTES), "little")
+        if length > MAX_HEADER_BYTES:
+            raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file (its "
+                             f"header length, {length:,} bytes, is over the {MAX_HEADER_BYTES:,} a checkpoint's "
+                             "header may have).")
+        return length.to_bytes(HEADER_LENGTH_BYTES, "little") + handle.read()
+
+
+def first_non_finite(tensors: dict[str, np.ndarray]) -> tuple[str, int] | None:
+    """(name, count of NaN/Inf values) of the first floating-point tensor that is not finite, else None:
+    the one check both a save and a load make."""
     for name, tensor in tensors.items():
         if np.issubdtype(tensor.dtype, np.floating) and not np.isfinite(tensor).all():
-            bad = int(tensor.size - np.isfinite(tensor).sum())
-            raise CheckpointIntegrityError(
-                f"{path}: tensor {name!r} holds {bad} NaN/Inf value(s); weights or optimizer state that are not "
-                "finite cannot be trained on. Resume from an earlier checkpoint (and lower the learning rate)")
+            return name, int(tensor.size - np.isfinite(tensor).sum())
+    return None
+
+
+def _check_finite(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    bad = first_non_finite(tensors)
+    if bad is not None:
+        raise CheckpointIntegrityError(
+            f"{path}: tensor {bad[0]!r} holds {bad[1]} NaN/Inf value(s); weights or optimizer state that are not "
+            "finite cannot be trained on. Resume from an earlier checkpoint (and lower the learning rate)")
 
 
 def _fsync_folder(folder: Path) -> None:
@@ -213,13 +233,16 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
         raise FileNotFoundError(f"checkpoint {path} is a folder, not a checkpoint file; pass a file in it"
                                 + (f" ({', '.join(str(path / name) for name in inside)})" if inside else
                                    ", e.g. a run folder's checkpoint.safetensors (this folder has none)"))
+    if path.exists() and not path.is_file():
+        raise ValueError(f"checkpoint {path} is not a regular file (a pipe or device); pass a checkpoint file")
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist. Check the path, or train first to create it.")
+    raw = _read_once(path)
     try:
-        with safe_open(str(path), framework="np") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    except (SafetensorError, OSError, ValueError) as error:
+        tensors = safetensors_load(raw)           # validates the header: offsets, dtypes, shapes
+        header, data = _split(memoryview(raw))
+        metadata = header.get("__metadata__") or {}
+    except (SafetensorError, OSError, ValueError, RecursionError) as error:
         raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file "
                          f"({error}).") from error
     if STATE_KEY not in metadata:
@@ -229,6 +252,14 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
         raise ValueError(f"{path} has checkpoint format {metadata.get(FORMAT_KEY)!r}; this version reads "
                          f"format {FORMAT_VERSION!r} (format '1' predates integrity digests: re-create it with the "
                          "version that wrote it, or retrain).")
-    _verify(path, metadata)
+    _verify(path, header, data)
     _check_finite(path, tensors)
-    return tensors, _decode(json.loads(metadata[STATE_KEY]))
+    try:
+        state = _decode(json.loads(metadata[STATE_KEY]))
+        if not isinstance(state, dict):
+            raise TypeError(f"a JSON {type(state).__name__}, not an object")
+        return tensors, state
+    except (ValueError, RecursionError, TypeError, KeyError) as error:   # a crafted state, e.g. nested 100k deep
+        raise ValueError(f"{path}: its training state is not a blueprint state ({type(error).__name__}: "
+                         f"{str(error)[:80]}); the file "
+                         "was written by another program") from None

@@ -13,9 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from blueprint.task._callbacks import StopTraining, after_epoch, scheduled_lr
+from blueprint.task._checkpoint import first_non_finite
 from blueprint.task._console import Console
 from blueprint.task._position import DeferredInterrupt, Position, interrupt_path
 from blueprint.task._replica_task import epoch_sums, reduce_metrics, stop_replicas_on_error
+
+
+VALIDATION_METRICS = ("loss", "top1", "top5")
 
 
 class DivergedError(FloatingPointError, ValueError):
@@ -70,6 +74,7 @@ class FitLoop:
             if self.distributed_config is not None:   # the epoch's sums over every replica; rank 0's BN statistics
                 seen, correct, loss_sum = epoch_sums(self.distributed_config, session.executor, position)
             val = self._evaluate_loader(session, val_loader, interrupt) if val_loader is not None else None
+            refuse_non_finite(epoch + 1, val, session.executor.state_dict())
             record = EpochRecord(epoch + 1, float(position.lr), loss_sum / seen, correct / seen,
                                  val["loss"] if val else None, val["top1"] if val else None,
                                  val.get("top5") if val else None, time.perf_counter() - start, seen / train_seconds)
@@ -171,6 +176,22 @@ class FitLoop:
             else:
                 out.append(session.executor.forward(np.ascontiguousarray(piece)))
         return np.concatenate(out).astype(np.float32)
+
+
+def refuse_non_finite(epoch: int, val: dict | None, state: dict[str, np.ndarray]) -> None:
+    """A NaN/Inf validation metric or model tensor fails the run at `epoch`, before the epoch's record, log
+    line or checkpoint exist: the previous epoch's checkpoint stays the last, finite one."""
+    for metric in VALIDATION_METRICS:
+        value = (val or {}).get(metric)
+        if value is not None and not math.isfinite(value):
+            raise DivergedError(f"training diverged at epoch {epoch}: the validation {metric} is {value}; "
+                                "lower the learning rate or check the data (the checkpoint keeps the last finished "
+                                "epoch that was finite)")
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise DivergedError(f"training diverged at epoch {epoch}: model tensor {bad[0]!r} holds {bad[1]} NaN/Inf "
+                            "value(s); lower the learning rate or normalise the inputs (the checkpoint keeps the "
+                            "last finished epoch that was finite)")
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, smoothing: float = 0.0) -> dict:

@@ -99,31 +99,43 @@ def check_resumable(path, recorded: dict, current: dict, fixes: dict) -> None:
                               f"task has {_preview(ours)}; {fixes[name]}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C is (the position saved, the run folder's lock released); the CLI exits 143."""
+
+
+#: The signals deferred to a step boundary, each with its default handler (only a default one is replaced).
+DEFERRED_SIGNALS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
 class DeferredInterrupt:
-    """Within ``with``: Ctrl-C sets a flag that `check()` turns into KeyboardInterrupt at the next
-    step boundary; a second Ctrl-C raises at once. Outside the main thread it changes nothing."""
+    """Within ``with``: Ctrl-C (or SIGTERM) sets a flag that `check()` turns into KeyboardInterrupt
+    (`Terminated` for SIGTERM) at the next step boundary; a second one raises at once. Outside the main
+    thread it changes nothing."""
 
     def __init__(self):
         self.requested = False
         self.stepping = False     # set by the training loop while a step is under way
-        self._previous = None
+        self._previous = {}
+        self._raise = KeyboardInterrupt
 
     def __enter__(self) -> "DeferredInterrupt":
-        if threading.current_thread() is threading.main_thread() \
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        if threading.current_thread() is threading.main_thread():
+            for signum, default in DEFERRED_SIGNALS.items():
+                if signal.getsignal(signum) is default:
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame):
+        self._raise = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         if self.requested:
-            raise KeyboardInterrupt
+            raise self._raise
         self.requested = True
 
     def check(self) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            raise self._raise
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}

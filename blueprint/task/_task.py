@@ -384,6 +384,7 @@ class DeepLearningTask(FitLoop, SaveResume):
                            drop_last=self.drop_last_batch, mean=mean, std=std, augment=self.augmentation)
         val = None
         if self.val_set is not None:
+            check_same_dtype(self.train_set, self.val_set, "DeepLearningTask.data(val=...)")
             val = DataLoader(self.val_set, self.eval_batch or self.batch, shuffle=False, seed=self.seed_value,
                              mean=mean, std=std)
         if self.distributed_config is not None:
@@ -433,6 +434,8 @@ class DeepLearningTask(FitLoop, SaveResume):
         if dataset.sample_shape != self.train_set.sample_shape:
             raise ConfigError(f"evaluate(): the model was compiled for samples {self.train_set.sample_shape}, "
                               f"got {dataset.sample_shape}")
+        check_same_dtype(self.train_set, dataset, "evaluate(dataset)")
+        check_labels(dataset, session.executor.classes, "evaluate(dataset)")
         loader = DataLoader(dataset, session.eval_batch, shuffle=False, seed=0, mean=mean, std=std)
         if self.distributed_config is not None:   # each rank its share; the metrics are summed over the ranks
             loader = replica_loaders(self.distributed_config, None, loader)[1]
@@ -479,3 +482,19 @@ def _flag(name: str, value) -> bool:
 def _short(value, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_same_dtype(train, other, where: str) -> None:
+    """uint8 images are divided by 255 before normalisation, anything else by 1: a float copy of uint8
+    training images would be off by 255 without notice (`Model.logits` refuses it the same way)."""
+    if (train.x.dtype == np.uint8) != (other.x.dtype == np.uint8):
+        raise ConfigError(f"{where}: the training data is {train.x.dtype} but this set is {other.x.dtype}; uint8 "
+                          "images are divided by 255 before normalising and other data by 1, so one of the two "
+                          f"would be off by 255; pass this set as {train.x.dtype}, in the training set's units")
+
+
+def check_labels(dataset, classes: int, where: str) -> None:
+    labels = np.asarray(dataset.y)
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ConfigError(f"{where}: labels must be in [0, {classes}) for this {classes}-class model, got values in "
+                          f"[{labels.min()}, {labels.max()}]; pass labels of the classes the model was trained on")

@@ -144,3 +144,21 @@ def test_ctrl_c_of_a_real_run_then_resume_matches_a_straight_run(tmp_path):
         [{k: v for k, v in r.items() if k not in timing} for r in state_b["history"]]
     runs = [r["run"] for r in _history(stopped)]
     assert len(set(runs)) == 2 and [r["epoch"] for r in _history(stopped)] == list(range(1, 7))
+
+
+def test_resume_restores_the_history_line_a_kill_after_the_save_lost(tmp_path, capsys):
+    """Issue 24 item 10: killed between an epoch's checkpoint save and its history append, the run lost that
+    epoch's line; the resumed run appends it from the checkpoint's own history before training on."""
+    out = tmp_path / "run"
+    assert main(QUICK + ["--out", str(out)]) == 0
+    [line] = _history(out)
+    (out / "history.jsonl").write_text('{"run": "cut sho')      # the kill: the line lost, a torn write left
+    checkpoint = str(out / "checkpoint.safetensors")
+    assert main(QUICK + ["--out", str(out), "--epochs", "2", "--resume", checkpoint]) == 0
+    capsys.readouterr()
+    torn, *lines = (out / "history.jsonl").read_text().splitlines()
+    assert torn == '{"run": "cut sho'                               # kept as it was: nothing is rewritten
+    restored, second = map(json.loads, lines)
+    assert {k: v for k, v in restored.items() if k not in ("run", "seconds", "images_per_second")} == \
+        {k: v for k, v in line.items() if k not in ("run", "seconds", "images_per_second")}
+    assert second["epoch"] == 2

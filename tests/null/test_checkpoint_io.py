@@ -180,7 +180,9 @@ def test_an_edited_header_is_refused(tmp_path):
 def test_non_finite_tensors_are_refused_naming_the_tensor(tmp_path, bad):
     path = tmp_path / "c.safetensors"
     tensors = {**TENSORS, "optim.state0.fc.weight": np.array([0.0, bad, 1.0], np.float32)}
-    save_checkpoint(path, tensors, {})
+    with pytest.MonkeyPatch.context() as patch:   # save refuses such tensors too: write one as another program would
+        patch.setattr(_checkpoint, "first_non_finite", lambda tensors: None)
+        save_checkpoint(path, tensors, {})
     with pytest.raises(_checkpoint.CheckpointIntegrityError, match="'optim.state0.fc.weight' holds 1 NaN/Inf"):
         load_checkpoint(path)
 
@@ -298,3 +300,23 @@ def test_a_task_checkpoint_with_a_missing_or_mistyped_field_is_a_one_line_error(
     with pytest.raises(ConfigError) as caught:
         DeepLearningTask.load(path)
     assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_save_replacing_the_file_during_a_load_never_mixes_the_two(tmp_path, monkeypatch):
+    """Issue 24 item 4: the tensors and both digests come from one read of one open file, so a save that
+    replaces the path while a load runs (every epoch's save does) gives the old checkpoint whole, never
+    old metadata with new bytes ("corrupted or edited")."""
+    path = tmp_path / "c.safetensors"
+    save_checkpoint(path, {"w": np.zeros(4, np.float32)}, {"epoch": 1})
+    parse_tensors = _checkpoint.safetensors_load
+
+    def parse_then_replace(raw):
+        tensors = parse_tensors(raw)
+        save_checkpoint(path, {"w": np.ones(4, np.float32)}, {"epoch": 2})   # the next epoch's save lands now
+        return tensors
+    monkeypatch.setattr(_checkpoint, "safetensors_load", parse_then_replace)
+    tensors, state = load_checkpoint(path)
+    assert state == {"epoch": 1} and np.array_equal(tensors["w"], np.zeros(4, np.float32))
+    monkeypatch.undo()
+    tensors, state = load_checkpoint(path)
+    assert state == {"epoch": 2} and np.array_equal(tensors["w"], np.ones(4, np.float32))
