@@ -4,7 +4,6 @@ compared with an uninterrupted one at identical inputs in this process (same cod
 bit-identity is the contract, as in test_resume.py)."""
 import math
 
-import numpy as np
 import pytest
 
 from blueprint import BluePrint, cbr, fc, gap, seq

@@ -2,7 +2,6 @@
 says what it does, and two learning rates for one run follow one documented rule with a warning."""
 import warnings
 
-import numpy as np
 import pytest
 
 from blueprint import BluePrint, cbr, fc, gap, seq

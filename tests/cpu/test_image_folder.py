@@ -3,7 +3,6 @@ a uint8 cache decoded once and memory-mapped afterwards, bad images named; valid
 ArrayDataset refusing channels-first batches. The images are made here with Pillow."""
 import mmap
 import os
-import warnings
 
 import numpy as np
 import pytest

@@ -1,11 +1,9 @@
 """Issue 24 item 11: SIGTERM is handled as Ctrl-C is (position saved, the run folder's lock released,
 exit status 143), and `--timeout` sets the workers' collective timeout. No test depends on timing: the
 signal is sent by the run itself at a fixed point (after epoch 1's history line)."""
-import argparse
 import os
 import signal
 
-import pytest
 
 import blueprint._train_command as train_command
 from blueprint._cli import build_parser, main

@@ -1,12 +1,8 @@
 """Issue 24, the weak cases: each mistake (of a user, a disk or a crafted file) is one `error:` line on
 stderr and exit status 2 through the CLI, or one ValueError/ConfigError from the API; never a traceback.
 One table: (name, how to set it up, the command or call, a fragment of the message)."""
-import errno
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +10,7 @@ import pytest
 from blueprint._cli import main
 from blueprint._errors import ConfigError
 from blueprint.task import _checkpoint
-from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task._checkpoint import save_checkpoint
 
 QUICK = ["train", "--epochs", "1", "--batch-size", "2048", "--quiet"]
 

@@ -6,7 +6,6 @@ The numerical checks against the numpy spec are rows of ``test_kernels.py`` (cha
 kernels is checked in ``test_ptx.py``."""
 import numpy as np
 import pytest
-from numba import cuda
 
 from cuda_kernels import _conv
 from cuda_kernels._registry import SIMULATOR

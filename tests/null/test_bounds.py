@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blueprint import BluePrint, cbr, fc, gap, named, relu, repeat, seq
+from blueprint import cbr, named, relu, repeat, seq
 from blueprint._cli import main
 from blueprint._errors import ConfigError
 from blueprint._parse import MAX_STRING_CHARS, MAX_TEXT_CHARS, parse_value
