@@ -1,7 +1,10 @@
 """The DSL: one table of every factory drives construction, validation, immutability, equality
 and the repr round trip; Hypothesis trees check the same properties on random networks."""
 import dataclasses
+import math
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +18,9 @@ from blueprint import (
 )
 from planner.ops import ACTIVATIONS, OPS
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from kind_params import PARAMETERISED, defaults, examples, factory, record_fields  # noqa: E402
+
 DSL_NAMESPACE: dict = {}
 exec("from blueprint import *", DSL_NAMESPACE)
 
@@ -27,6 +33,30 @@ def call(*args, **kwargs):
 
 def bad(exception, fragment, *args, **kwargs):
     return args, kwargs, exception, fragment
+
+
+def _outside(spec):
+    """A value just outside what the field accepts, and the start of the message naming the range."""
+    if "int" in spec.metadata:
+        return spec.metadata["int"] - 1, f"{spec.name} must be"
+    low, high, low_open, high_open = spec.metadata["float"]
+    value = low if low_open else low - 0.5
+    return value, f"{spec.name} must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}, got"
+
+
+def parameterised_calls(prim):
+    """Valid: the defaults, every parameter at its example (positionally and by name); invalid: each
+    parameter just outside its range, and of the wrong type."""
+    values = examples(prim)
+    valid = [call(), call(*values.values())]   # distinct values (test_different_arguments_give_different_values)
+    if len(values) > 1:   # one parameter changed by name, the rest default
+        valid += [call(**{name: value}) for name, value in values.items()]
+    invalid = []
+    for spec in record_fields(prim):
+        outside, fragment = _outside(spec)
+        invalid.append(bad(ValueError, fragment, **{spec.name: outside}))
+        invalid.append(bad(TypeError, f"{spec.name} must be a", **{spec.name: "1"}))
+    return valid, invalid
 
 
 # factory -> (valid calls, invalid calls with the exception and a fragment of its message)
@@ -78,10 +108,8 @@ FACTORIES = {
           bad(TypeError, "momentum must be a finite float, got True", momentum=True)]),
     # every activation of the op table without parameters: a factory that takes none
     **{getattr(blueprint, kind.value): ([call()], []) for kind in ACTIVATIONS if not OPS[kind].attrs},
-    leaky_relu: ([call(), call(0.2), call(0)],
-                 [bad(ValueError, "slope must be in [0.0, 1.0), got 1", 1),
-                  bad(ValueError, "slope must be in [0.0, 1.0)", -0.5),
-                  bad(TypeError, "slope must be a finite float", "0.1")]),
+    # every parameterised kind (leaky_relu, elu, celu, softplus, prelu, ...): calls built from its record
+    **{factory(prim): parameterised_calls(prim) for prim in PARAMETERISED},
     drop_path: ([call(0.2), call(0), call(0.999)],
                 [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
                  bad(TypeError, "p must be a finite float, got True", True)]),
