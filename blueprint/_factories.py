@@ -13,7 +13,7 @@ from blueprint._layer import (
     BlockParams, BlockStyle, BnParams, CbrParams, CbrpParams, ChannelPaddingParams,
     ConvParams, DepthwiseParams, DropoutParams, DropPathParams, FcParams, GroupConvParams, Kind, Layer,
     MbconvParams, NameParams, PoolParams, RepeatParams, SeParams, SlopeParams, CeluParams, EluParams, PreluParams,
-    SoftplusParams,
+    SoftplusParams, HardtanhParams,
 )
 
 
@@ -247,6 +247,14 @@ def softplus(beta=1.0, threshold=20.0) -> Layer:
     """Softplus: log(1 + exp(beta * x)) / beta, and x where beta * x > threshold (`torch.nn.Softplus`;
     beta > 0, threshold > 0)."""
     return Layer(Kind.SOFTPLUS, _record("softplus", SoftplusParams, beta, threshold))
+
+
+def hardtanh(min_val=-1.0, max_val=1.0) -> Layer:
+    """HardTanh: x clamped to [min_val, max_val] (`torch.nn.Hardtanh`; min_val < max_val)."""
+    record = _record("hardtanh", HardtanhParams, min_val, max_val)
+    if record.min_val >= record.max_val:
+        raise ValueError(f"hardtanh(): min_val must be smaller than max_val, got {record.min_val} and {record.max_val}")
+    return Layer(Kind.HARDTANH, record)
 
 
 def mish() -> Layer:

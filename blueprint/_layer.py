@@ -42,6 +42,7 @@ class Kind(enum.Enum):
     SOFTPLUS = "softplus"
     MISH = "mish"
     PRELU = "prelu"
+    HARDTANH = "hardtanh"
     DROPOUT = "dropout"
     DROP_PATH = "drop_path"
     FLATTEN = "flatten"
@@ -155,6 +156,12 @@ class CeluParams:
 class SoftplusParams:
     beta: float = bounded(1.0, 0.0, math.inf, 2.0, low_open=True, high_open=True)
     threshold: float = bounded(20.0, 0.0, math.inf, 0.5, low_open=True, high_open=True)
+
+
+@dataclass(frozen=True)
+class HardtanhParams:
+    min_val: float = bounded(-1.0, -math.inf, math.inf, -0.5, high_open=True)
+    max_val: float = bounded(1.0, -math.inf, math.inf, 2.0, high_open=True)
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,12 @@ def _softplus(g, layer, op, out):
     return g.node("Where", [linear, x, smooth], out)
 
 
+@ONNX.implements(Prim.HARDTANH, "forward")
+def _hardtanh(g, layer, op, out):
+    low, high = g.constant(out + ".min", layer.param("min_val")), g.constant(out + ".max", layer.param("max_val"))
+    return g.node("Clip", [g.input(op), low, high], out)
+
+
 @ONNX.implements(Prim.MISH, "forward")
 def _mish(g, layer, op, out):
     """x tanh(softplus(x)) (ONNX's Mish op needs opset 18)."""

@@ -69,6 +69,7 @@ class Prim(enum.StrEnum):
     SOFTPLUS = "softplus"
     MISH = "mish"
     PRELU = "prelu"
+    HARDTANH = "hardtanh"
     DROPOUT = "dropout"
     DROP_PATH = "drop_path"
     FLATTEN = "flatten"
@@ -252,6 +253,8 @@ activation(Prim.SELU, "input", R.selu, R.selu_grad, S.selu, S.selu_grad)
 activation(Prim.SOFTPLUS, "input", R.softplus, R.softplus_grad, S.softplus, S.softplus_grad,
            attrs=("beta", "threshold"))
 activation(Prim.MISH, "input", R.mish, R.mish_grad, S.mish, S.mish_grad)
+activation(Prim.HARDTANH, "input", R.hardtanh, R.hardtanh_grad, S.hardtanh, S.hardtanh_grad,
+           attrs=("max_val", "min_val"))
 
 # ---- prelu: a learnable negative slope, one per channel (the last axis) or one shared -------------------
 PRELU_WEIGHT = ParamRule("weight", "params", "prelu_quarter")   # torch.nn.PReLU's init=0.25

@@ -240,6 +240,14 @@ def mish_grad(x, dy, *_):
     return dy * (t + x * _sigmoid(x) * (1 - t * t))
 
 
+def hardtanh(x, max_val=1.0, min_val=-1.0):
+    return np.clip(x, min_val, max_val)
+
+
+def hardtanh_grad(x, dy, max_val=1.0, min_val=-1.0):
+    return np.where((x > min_val) & (x < max_val), dy, 0)
+
+
 def prelu_forward(x, w):
     """x where positive, else w * x; ``w`` has one slope per channel (the last axis) or one for all."""
     return np.where(x > 0, x, w * x)

@@ -152,3 +152,11 @@ def mish_grad(x, dy, _a, _b):
     s = _ONE / (_ONE + math.exp(-x))
     t = math.tanh(math.log1p(math.exp(x)))
     return dy * (t + x * s * (_ONE - t * t))
+
+
+def hardtanh(x, max_val, min_val):
+    return min(max(x, min_val), max_val)
+
+
+def hardtanh_grad(x, dy, max_val, min_val):
+    return dy if min_val < x < max_val else _ZERO

@@ -15,7 +15,7 @@ import pytest
 from cpu_ref import kernels as K
 from planner import ops
 from planner import reference as R
-from tests.support.kind_params import examples, in_attrs_order
+from tests.support.kind_params import TORCH_NAMES, examples, in_attrs_order
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 F = torch.nn.functional
@@ -97,11 +97,9 @@ def torch_activation(kind, params: dict):
     ``negative_slope``). A new activation whose name differs from PyTorch's needs a mapping here
     (``TORCH_TWINS``)."""
     fn = TORCH_TWINS.get(kind) or getattr(F, kind.value)
-    keywords = {(name if kind in TORCH_TWINS else TORCH_NAMES.get(name, name)): value for name, value in params.items()}
+    rename = {} if kind in TORCH_TWINS else TORCH_NAMES
+    keywords = {rename.get(name, name): value for name, value in params.items()}
     return lambda x: fn(x, **keywords)
-
-
-TORCH_NAMES = {"slope": "negative_slope"}   # a parameter PyTorch names differently
 
 
 def activation(kind, n=60):
