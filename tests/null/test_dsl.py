@@ -334,12 +334,14 @@ LEAVES = st.one_of(
     st.tuples(st.just("group_conv"), st.tuples(st.integers(1, 8), st.integers(1, 8), window)
               .map(lambda a: (a[0] * a[1], a[1], *a[2]))),
     st.tuples(st.just("bn"), st.tuples(st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
-    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid",
-                               "flatten", "gap"]), st.just(())),
+    st.tuples(st.sampled_from([kind.value for kind in ACTIVATIONS if not OPS[kind].attrs] + ["flatten", "gap"]),
+              st.just(())),
+    # every parameterised kind of the op table, at its defaults or its examples
+    st.sampled_from(PARAMETERISED).flatmap(lambda prim: st.tuples(
+        st.just(prim.value), st.sampled_from([tuple(defaults(prim).values()), tuple(examples(prim).values())]))),
     st.tuples(st.just("drop_path"), st.tuples(unit_open)),
     st.tuples(st.just("se"), st.tuples(st.one_of(small, st.floats(0.01, 1.0)), st.sampled_from(["sigmoid", "hardsigmoid"]),
                                        st.sampled_from(["relu", "silu"]))),
-    st.tuples(st.just("leaky_relu"), st.tuples(unit_open)),
     st.tuples(st.just("dropout"), st.tuples(unit_open)),
     st.tuples(st.sampled_from(["fc", "gap_fc"]), st.tuples(small, st.booleans())),
     st.tuples(st.sampled_from(["maxpool", "avgpool"]), window),
