@@ -172,3 +172,12 @@ def test_check_plan_can_be_limited_to_the_directions_a_path_runs():
     table.check_plan(plan, ("forward",))
     with pytest.raises(MissingKernelError, match="no (loss|backward) implementation"):
         table.check_plan(plan)
+
+
+def test_a_parameter_the_layer_does_not_carry_raises_instead_of_a_default():
+    """The bug this guards against: handlers read every activation's parameter as leaky_relu's "slope", and
+    elu ran with the default whatever its alpha."""
+    elu = next(layer for layer in every_kind_plan().arch.layers if layer.kind == Prim.ELU)
+    assert elu.param("alpha") == 1.0
+    with pytest.raises(KeyError, match=r"the elu layer has no parameter 'slope', only \['alpha'\]"):
+        elu.param("slope")
