@@ -320,7 +320,8 @@ def squeeze_excitation_case(mem, rng, batch, h, c):
         ry, rmask = ref.drop_path_forward(x64, 0.2, 99, 17)
         prelu_dx, prelu_dw = ref.prelu_backward(x64, hw.astype(np.float64), dy64)
         return {"prelu y": (ref.prelu_forward(x64, hw.astype(np.float64)), "fp16"), "prelu dx": (prelu_dx, "fp16"),
-                "prelu dw": (prelu_dw, "fp32"),"y": (ref.channel_mul_forward(x64, s64), "fp16"), "dx": (rdx, "fp16"), "ds": (rds, "fp16"),
+                "prelu dw": (prelu_dw, "fp32"),
+                "y": (ref.channel_mul_forward(x64, s64), "fp16"), "dx": (rdx, "fp16"), "ds": (rds, "fp16"),
                 "drop_path y": (ry, "fp16"), "drop_path mask": (rmask, "exact"),
                 "drop_path dx": (ref.drop_path_backward(rmask, dy64, 0.2), "fp16")}
     return Case(record, {"y": y, "dx": dx, "ds": ds, "drop_path y": dropped, "drop_path mask": mask,

@@ -111,8 +111,9 @@ class CpuExecutor(ExecutorBase):
     def _optimizer_update(self, views):
         update = OPTIMIZER_UPDATES.get(type(self.optimizer))
         if update is None:
-            raise TypeError(f"CpuExecutor: no update for the optimizer {type(self.optimizer).__name__}; expected one of "
-                            f"{sorted(t.__name__ for t in OPTIMIZER_UPDATES)} (cpu_ref/_executor.py OPTIMIZER_UPDATES)")
+            raise TypeError(f"CpuExecutor: no update for the optimizer {type(self.optimizer).__name__}; expected one "
+                            f"of {sorted(t.__name__ for t in OPTIMIZER_UPDATES)} "
+                            f"(cpu_ref/_executor.py OPTIMIZER_UPDATES)")
         update(self, self._regions["params"], self._regions["grads"], self._regions["optim"])
 
 
@@ -157,8 +158,8 @@ def _loss(ex, layer, op, views):
 
 @CPU.implements(Prim.CONV, "forward")
 def _conv_fwd(ex, layer, op, views):
-    K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True), layer.param("stride"),
-                     layer.param("padding"), layer.param("groups"), _col(op, views))
+    K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True),
+                     layer.param("stride"), layer.param("padding"), layer.param("groups"), _col(op, views))
 
 
 def _col(op, views):
@@ -207,7 +208,8 @@ def _flatten_fwd(ex, layer, op, views):
 
 @CPU.implements(Prim.FC, "forward")
 def _fc_fwd(ex, layer, op, views):
-    K.linear_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS), _v(op, views, Role.Y, True))
+    K.linear_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS),
+                     _v(op, views, Role.Y, True))
 
 
 @CPU.implements(Prim.MAXPOOL, "forward")
@@ -266,17 +268,18 @@ def _acc(op, role=Role.DX):
 
 @CPU.implements(Prim.CONV, "backward")
 def _conv_bwd(ex, layer, op, views):
-    K.conv2d_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY), _v(op, views, Role.DX, True),
-                      _v(op, views, Role.DWEIGHT, True), layer.param("stride"), layer.param("padding"),
-                      layer.param("groups"), _col(op, views), _acc(op))
+    K.conv2d_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
+                      _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), layer.param("stride"),
+                      layer.param("padding"), layer.param("groups"), _col(op, views), _acc(op))
 
 
 @CPU.implements((Prim.BN2D, Prim.BN1D), "backward")
 def _bn_bwd(ex, layer, op, views):
     dx = _v(op, views, Role.DX, True)
     K.batchnorm_backward(_as2d(_v(op, views, Role.X)), _v(op, views, Role.WEIGHT), _v(op, views, Role.SAVE_MEAN),
-                         _v(op, views, Role.SAVE_INVSTD), _as2d(_v(op, views, Role.DY)), None if dx is None else _as2d(dx),
-                         _v(op, views, Role.DWEIGHT, True), _v(op, views, Role.DBIAS, True), _acc(op), ex.batchnorm_sums)
+                         _v(op, views, Role.SAVE_INVSTD), _as2d(_v(op, views, Role.DY)),
+                         None if dx is None else _as2d(dx), _v(op, views, Role.DWEIGHT, True),
+                         _v(op, views, Role.DBIAS, True), _acc(op), ex.batchnorm_sums)
 
 
 def _act_bwd(ex, layer, op, views):
@@ -299,8 +302,9 @@ def _flatten_bwd(ex, layer, op, views):
 
 @CPU.implements(Prim.FC, "backward")
 def _fc_bwd(ex, layer, op, views):
-    K.linear_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY), _v(op, views, Role.DX, True),
-                      _v(op, views, Role.DWEIGHT, True), _v(op, views, Role.DBIAS, True), _acc(op))
+    K.linear_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
+                      _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), _v(op, views, Role.DBIAS, True),
+                      _acc(op))
 
 
 @CPU.implements(Prim.MAXPOOL, "backward")
@@ -310,8 +314,8 @@ def _maxpool_bwd(ex, layer, op, views):
 
 @CPU.implements(Prim.AVGPOOL, "backward")
 def _avgpool_bwd(ex, layer, op, views):
-    K.avgpool_backward(_v(op, views, Role.DY), _v(op, views, Role.DX, True), layer.param("kernel"), layer.param("stride"),
-                       layer.param("padding"), _acc(op))
+    K.avgpool_backward(_v(op, views, Role.DY), _v(op, views, Role.DX, True), layer.param("kernel"),
+                       layer.param("stride"), layer.param("padding"), _acc(op))
 
 
 @CPU.implements(Prim.GAP, "backward")

@@ -43,7 +43,8 @@ class ArchLayer:
         for key, value in self.params:
             if key == name:
                 return value
-        raise KeyError(f"{self.path}: the {self.kind} layer has no parameter {name!r}, only {[k for k, _ in self.params]} "
+        carried = [key for key, _ in self.params]
+        raise KeyError(f"{self.path}: the {self.kind} layer has no parameter {name!r}, only {carried} "
                        f"(a primitive carries its op-table row's attrs, planner/ops.py; read them through the row)")
 
     @property

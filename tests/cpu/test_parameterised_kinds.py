@@ -62,7 +62,8 @@ def test_the_cpu_path_runs_every_parameter_at_its_value(prim):
 
 @pytest.mark.parametrize("prim", PARAMETERISED, ids=str)
 def test_onnx_runs_every_parameter_at_its_value(prim, tmp_path):
-    onnxruntime = pytest.importorskip("onnxruntime", reason="onnxruntime not installed: pip install 'blueprint-nn[test]'")
+    onnxruntime = pytest.importorskip("onnxruntime",
+                                      reason="onnxruntime not installed: pip install 'blueprint-nn[test]'")
     pytest.importorskip("onnx", reason="onnx not installed: pip install 'blueprint-nn[onnx]'")
     values, x = examples(prim), batch()
     model = Model(kind_network(prim, values), INPUT_SHAPE[1:], seed=SEED)

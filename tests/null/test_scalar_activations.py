@@ -38,7 +38,8 @@ def test_every_activation_row_and_only_those_name_a_pair_of_this_module():
             assert all(fn.__module__ == S.__name__ for fn in pair), prim
             # f(x, a, b), grad(saved, dy, a, b): the slots named after the row's attrs, in order, the rest unused
             slots = [list(inspect.signature(fn).parameters)[-ACTIVATION_SLOTS:] for fn in pair]
-            assert [len(inspect.signature(fn).parameters) for fn in pair] == [1 + ACTIVATION_SLOTS, 2 + ACTIVATION_SLOTS]
+            counts = [len(inspect.signature(fn).parameters) for fn in pair]
+            assert counts == [1 + ACTIVATION_SLOTS, 2 + ACTIVATION_SLOTS], prim
             for names in slots:
                 assert tuple(names[:len(row.attrs)]) == row.attrs, (prim, names)
                 assert all(name.startswith("_") for name in names[len(row.attrs):]), (prim, names)
