@@ -8,7 +8,7 @@ from numba import cuda
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS, Prim
-from cuda_kernels import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
+from cuda_kernels import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool, _prelu
 from cuda_kernels._collective import StepCollectives
 from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
 from cuda_kernels._registry import check_args
@@ -145,10 +145,15 @@ def batchnorm_case(mem, rng, rows, channels, direction):
                 {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
 
 
+def _params(prim):
+    """0.1 for each of the activation's parameters (its row's attrs), as the kernels and the reference take them."""
+    return (0.1,) * len(OPS[prim].attrs)
+
+
 def activation_case(mem, rng, n, prim):
     (hx, x), y = mem.random(rng, n, np.float16, 3.0), mem.output(n, np.float16)
-    return Case(lambda t: _elementwise.activation_forward(t, prim, x, y, 0.1), {"y": y},
-                lambda: {"y": (OPS[prim].reference_forward(f32(hx), 0.1), "fp16")}, 0, 4 * n)
+    return Case(lambda t: _elementwise.activation_forward(t, prim, x, y, _params(prim)), {"y": y},
+                lambda: {"y": (OPS[prim].reference_forward(f32(hx), *_params(prim)), "fp16")}, 0, 4 * n)
 
 
 def activations_case(mem, rng, n):
@@ -158,14 +163,14 @@ def activations_case(mem, rng, n):
 
     def record(t):
         for prim, (y, dx) in outs.items():
-            _elementwise.activation_forward(t, prim, x, y, 0.1)
-            _elementwise.activation_backward(t, prim, x, dy, dx, 0.1, False)   # x stands for the saved value
+            _elementwise.activation_forward(t, prim, x, y, _params(prim))
+            _elementwise.activation_backward(t, prim, x, dy, dx, _params(prim), False)   # x stands for the saved value
 
     def expected():
         x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
         return {label: (value, "fp16") for prim in ACTIVATIONS for label, value in (
-            (f"{prim.value} y", OPS[prim].reference_forward(x64, 0.1)),
-            (f"{prim.value} dx", OPS[prim].reference_backward(x64, dy64, 0.1)))}
+            (f"{prim.value} y", OPS[prim].reference_forward(x64, *_params(prim))),
+            (f"{prim.value} dx", OPS[prim].reference_backward(x64, dy64, *_params(prim))))}
     outputs = {f"{prim.value} {which}": array for prim, pair in outs.items() for which, array in zip(("y", "dx"), pair)}
     return Case(record, outputs, expected, 0, 10 * n * len(ACTIVATIONS))   # fp16: x, y; x, dy, dx
 
@@ -271,7 +276,7 @@ def elementwise_case(mem, rng, n):
     dropped, zeroed = mem.output((n, 16), np.float16), mem.constant(hdy)
 
     def record(t):
-        _elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, 0.1, False)
+        _elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, (), False)
         _elementwise.add_forward(t, x, dy, added)
         _elementwise.accumulate_into(t, acc, x, True)
         _elementwise.channel_pad_forward(t, x, padded)
@@ -290,16 +295,20 @@ def elementwise_case(mem, rng, n):
 
 
 def squeeze_excitation_case(mem, rng, batch, h, c):
-    """The squeeze-excitation scale (channel_mul forward and both gradients) and stochastic depth
-    (drop_path forward and backward) at an EfficientNet stage's shape."""
+    """The squeeze-excitation scale (channel_mul forward and both gradients), stochastic depth
+    (drop_path forward and backward) and prelu (per-channel slopes) at an EfficientNet stage's shape."""
     (hx, x), (hs, s) = mem.random(rng, (batch, h, h, c), np.float16), mem.random(rng, (batch, c), np.float16)
     hdy, dy = mem.random(rng, (batch, h, h, c), np.float16)
     y, dx, ds = mem.output(hx.shape, np.float16), mem.output(hx.shape, np.float16), mem.output(hs.shape, np.float16)
     dropped, mask, ddropped = (mem.output(shape, t) for shape, t in ((hx.shape, np.float16), (batch, np.uint8),
                                                                      (hx.shape, np.float16)))
     step = mem.constant(np.array([17], np.int32))
+    (hw, w), py, pdx, pdw = (mem.random(rng, c, np.float32), mem.output(hx.shape, np.float16),
+                             mem.output(hx.shape, np.float16), mem.output(c, np.float32))
 
     def record(t):
+        _prelu.prelu_forward(t, x, w, py)
+        _prelu.prelu_backward(t, x, w, dy, pdx, pdw, False)
         _channel_mul.channel_mul_forward(t, x, s, y)
         _channel_mul.channel_mul_backward(t, x, s, dy, dx, ds, False, False)
         _drop_path.drop_path_forward(t, x, dropped, mask, 0.2, 99, step)
@@ -309,11 +318,15 @@ def squeeze_excitation_case(mem, rng, batch, h, c):
         x64, s64, dy64 = (a.astype(np.float64) for a in (hx, hs, hdy))
         rdx, rds = ref.channel_mul_backward(x64, s64, dy64)
         ry, rmask = ref.drop_path_forward(x64, 0.2, 99, 17)
-        return {"y": (ref.channel_mul_forward(x64, s64), "fp16"), "dx": (rdx, "fp16"), "ds": (rds, "fp16"),
+        prelu_dx, prelu_dw = ref.prelu_backward(x64, hw.astype(np.float64), dy64)
+        return {"prelu y": (ref.prelu_forward(x64, hw.astype(np.float64)), "fp16"), "prelu dx": (prelu_dx, "fp16"),
+                "prelu dw": (prelu_dw, "fp32"),
+                "y": (ref.channel_mul_forward(x64, s64), "fp16"), "dx": (rdx, "fp16"), "ds": (rds, "fp16"),
                 "drop_path y": (ry, "fp16"), "drop_path mask": (rmask, "exact"),
                 "drop_path dx": (ref.drop_path_backward(rmask, dy64, 0.2), "fp16")}
     return Case(record, {"y": y, "dx": dx, "ds": ds, "drop_path y": dropped, "drop_path mask": mask,
-                         "drop_path dx": ddropped}, expected, 3 * hx.size, 2 * 10 * hx.size)
+                         "drop_path dx": ddropped, "prelu y": py, "prelu dx": pdx, "prelu dw": pdw}, expected,
+                3 * hx.size, 2 * 16 * hx.size)
 
 
 def pool_backward_case(mem, rng, batch, h, c):

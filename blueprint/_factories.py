@@ -6,12 +6,14 @@ Errors name the factory and the argument: `conv(): kernel must be a positive int
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from numbers import Integral, Real
 
 from blueprint._layer import (
     BlockParams, BlockStyle, BnParams, CbrParams, CbrpParams, ChannelPaddingParams,
     ConvParams, DepthwiseParams, DropoutParams, DropPathParams, FcParams, GroupConvParams, Kind, Layer,
-    MbconvParams, NameParams, PoolParams, RepeatParams, SeParams, SlopeParams,
+    MbconvParams, NameParams, PoolParams, RepeatParams, SeParams, SlopeParams, CeluParams, EluParams, PreluParams,
+    SoftplusParams, HardtanhParams,
 )
 
 
@@ -32,14 +34,29 @@ def _int(factory: str, name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _float(factory: str, name: str, value, low: float, high: float, high_open: bool = True) -> float:
+def _float(factory: str, name: str, value, low: float, high: float, high_open: bool = True,
+           low_open: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
         raise TypeError(f"{factory}(): {name} must be a finite float, got {value!r}")
-    inside = low <= value < high if high_open else low <= value <= high
-    if not inside:
-        bracket = ")" if high_open else "]"
-        raise ValueError(f"{factory}(): {name} must be in [{low}, {high}{bracket}, got {value}")
+    above = low < value if low_open else low <= value
+    below = value < high if high_open else value <= high
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{factory}(): {name} must be in {interval}, got {value}")
     return float(value)
+
+
+def _record(factory: str, record_type, *values):
+    """``record_type`` built from ``values`` (its fields in order), each checked as its field's metadata says
+    (``bounded`` / ``at_least`` in ``blueprint._layer``)."""
+    checked = []
+    for spec, value in zip(fields(record_type), values):
+        if "float" in spec.metadata:
+            low, high, low_open, high_open = spec.metadata["float"]
+            checked.append(_float(factory, spec.name, value, low, high, high_open, low_open))
+        else:
+            checked.append(_int(factory, spec.name, value, spec.metadata["int"]))
+    return record_type(*checked)
 
 
 def _bool(factory: str, name: str, value) -> bool:
@@ -182,7 +199,7 @@ def relu6() -> Layer:
 
 def leaky_relu(slope=0.01) -> Layer:
     """LeakyReLU with negative-side `slope` (0 <= slope < 1)."""
-    return Layer(Kind.LEAKY_RELU, SlopeParams(_float("leaky_relu", "slope", slope, 0.0, 1.0)))
+    return Layer(Kind.LEAKY_RELU, _record("leaky_relu", SlopeParams, slope))
 
 
 def sigmoid() -> Layer:
@@ -209,6 +226,47 @@ def hardsigmoid() -> Layer:
 def gelu() -> Layer:
     """GELU, exact erf form (PyTorch's default)."""
     return Layer(Kind.GELU)
+
+
+def elu(alpha=1.0) -> Layer:
+    """ELU: x where x > 0, else alpha * (exp(x) - 1) (`torch.nn.ELU`; alpha >= 0)."""
+    return Layer(Kind.ELU, _record("elu", EluParams, alpha))
+
+
+def celu(alpha=1.0) -> Layer:
+    """CELU: x where x > 0, else alpha * (exp(x / alpha) - 1) (`torch.nn.CELU`; alpha > 0)."""
+    return Layer(Kind.CELU, _record("celu", CeluParams, alpha))
+
+
+def selu() -> Layer:
+    """SELU: scale * elu(x, alpha) with PyTorch's fixed scale 1.0507... and alpha 1.6733...."""
+    return Layer(Kind.SELU)
+
+
+def softplus(beta=1.0, threshold=20.0) -> Layer:
+    """Softplus: log(1 + exp(beta * x)) / beta, and x where beta * x > threshold (`torch.nn.Softplus`;
+    beta > 0, threshold > 0)."""
+    return Layer(Kind.SOFTPLUS, _record("softplus", SoftplusParams, beta, threshold))
+
+
+def hardtanh(min_val=-1.0, max_val=1.0) -> Layer:
+    """HardTanh: x clamped to [min_val, max_val] (`torch.nn.Hardtanh`; min_val < max_val)."""
+    record = _record("hardtanh", HardtanhParams, min_val, max_val)
+    if record.min_val >= record.max_val:
+        raise ValueError(f"hardtanh(): min_val must be smaller than max_val, got {record.min_val} and {record.max_val}")
+    return Layer(Kind.HARDTANH, record)
+
+
+def mish() -> Layer:
+    """Mish: x * tanh(softplus(x)) (`torch.nn.Mish`)."""
+    return Layer(Kind.MISH)
+
+
+def prelu(num_parameters=1) -> Layer:
+    """PReLU: x where x > 0, else w * x with a learned slope `w` (initially 0.25), one shared by every channel
+    (`num_parameters=1`) or one per channel (`num_parameters` = the input's channels), as `torch.nn.PReLU`;
+    its parameter is `<name>.weight`."""
+    return Layer(Kind.PRELU, _record("prelu", PreluParams, num_parameters))
 
 
 def dropout(p) -> Layer:
@@ -354,7 +412,7 @@ def block(*args) -> Layer:
         out = _int("block", "out_ch", channels[1], 1)
     else:
         mid, out = None, _int("block", "out_ch", channels[0], 1)
-    return Layer(Kind.BLOCK, BlockParams(style, mid, out))
+    return Layer(Kind.BLOCK, BlockParams(mid, out, style))
 
 
 def mbconv(expand_ratio, out_ch, stride, k=3, act="relu6", se=None, drop_path=0.0, expanded_ch=0,

@@ -7,7 +7,8 @@ evaluates back to an equal value (see `blueprint._factories` for the code each k
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import math
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Callable, Iterator
 
 
@@ -35,6 +36,13 @@ class Kind(enum.Enum):
     HARDSWISH = "hardswish"
     GELU = "gelu"
     HARDSIGMOID = "hardsigmoid"
+    ELU = "elu"
+    CELU = "celu"
+    SELU = "selu"
+    SOFTPLUS = "softplus"
+    MISH = "mish"
+    PRELU = "prelu"
+    HARDTANH = "hardtanh"
     DROPOUT = "dropout"
     DROP_PATH = "drop_path"
     FLATTEN = "flatten"
@@ -73,6 +81,22 @@ class BlockStyle(enum.Enum):
 
 
 # ---- parameter records, one per kind family --------------------------------------------
+# A record's fields are its factory's arguments, in the factory's order. `repr` prints them positionally
+# (`_args`): a field with a default only up to the last one that differs from its default. A field
+# made with `bounded` (or `at_least`) also states what its factory accepts and a valid value other than
+# the default (`example`), from which the tests build their calls of every parameterised factory.
+
+def bounded(default: float, low: float, high: float, example: float, *, low_open: bool = False,
+            high_open: bool = False):
+    """A float field in [low, high] (either end open); ``example``: a valid value other than ``default``."""
+    return field(default=default, metadata={"float": (low, high, low_open, high_open), "example": example})
+
+
+def at_least(default: int, minimum: int, example: int):
+    """An int field >= ``minimum``; ``example``: a valid value other than ``default``."""
+    return field(default=default, metadata={"int": minimum, "example": example})
+
+
 @dataclass(frozen=True)
 class RepeatParams:
     times: int
@@ -109,13 +133,40 @@ class GroupConvParams:
 
 @dataclass(frozen=True)
 class BnParams:
-    momentum: float
-    eps: float
+    momentum: float = 0.1
+    eps: float = 1e-5
 
 
 @dataclass(frozen=True)
 class SlopeParams:
-    slope: float
+    slope: float = bounded(0.01, 0.0, 1.0, 0.2, high_open=True)
+
+
+@dataclass(frozen=True)
+class EluParams:
+    alpha: float = bounded(1.0, 0.0, math.inf, 0.6, high_open=True)
+
+
+@dataclass(frozen=True)
+class CeluParams:
+    alpha: float = bounded(1.0, 0.0, math.inf, 1.7, low_open=True, high_open=True)
+
+
+@dataclass(frozen=True)
+class SoftplusParams:
+    beta: float = bounded(1.0, 0.0, math.inf, 2.0, low_open=True, high_open=True)
+    threshold: float = bounded(20.0, 0.0, math.inf, 0.5, low_open=True, high_open=True)
+
+
+@dataclass(frozen=True)
+class HardtanhParams:
+    min_val: float = bounded(-1.0, -math.inf, math.inf, -0.5, high_open=True)
+    max_val: float = bounded(1.0, -math.inf, math.inf, 2.0, high_open=True)
+
+
+@dataclass(frozen=True)
+class PreluParams:
+    num_parameters: int = at_least(1, 1, 3)   # 1: one slope shared by every channel; else one per channel
 
 
 @dataclass(frozen=True)
@@ -133,14 +184,14 @@ class SeParams:
     """Squeeze-excitation: `squeeze` channels (an int), or a fraction of the input channels (a float in
     (0, 1]: max(1, int(C * fraction))); `gate` and `act` are activation kind names."""
     squeeze: int | float
-    gate: str
-    act: str
+    gate: str = "sigmoid"
+    act: str = "relu"
 
 
 @dataclass(frozen=True)
 class FcParams:
     out_features: int
-    bias: bool
+    bias: bool = True
 
 
 @dataclass(frozen=True)
@@ -161,8 +212,8 @@ class CbrParams:
     kernel: int
     stride: int
     padding: int
-    momentum: float
-    eps: float
+    momentum: float = 0.1
+    eps: float = 1e-5
 
 
 @dataclass(frozen=True)
@@ -178,9 +229,9 @@ class CbrpParams:
 
 @dataclass(frozen=True)
 class BlockParams:
-    style: BlockStyle
-    mid_channels: int | None  # None for the basic (3x3, 3x3) styles
+    mid_channels: int | None = field(metadata={"omit_none": True})  # None for the basic (3x3, 3x3) styles
     out_channels: int
+    style: BlockStyle
 
 
 @dataclass(frozen=True)
@@ -188,7 +239,7 @@ class MbconvParams:
     expand_ratio: int
     out_channels: int
     stride: int
-    kernel: int
+    kernel: int = 3
     act: str = "relu6"                 # activation kind name of the expand and depthwise stages
     se: "Layer | None" = None          # an se(...) layer between the depthwise and the project stage
     drop_path: float = 0.0             # stochastic depth on the residual branch (identity shortcut only)
@@ -350,63 +401,18 @@ class BluePrint:
 
 
 # ---- printing ----------------------------------------------------------------------------
-_DEFAULT_BN = BnParams(0.1, 1e-5)
-
-
 def _args(layer: Layer) -> list[str]:
-    p = layer.params
-    kind = layer.kind
-    if kind in (Kind.CONV,):
-        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.CONV_DW:
-        return [str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.GROUP_CONV:
-        return [str(p.out_channels), str(p.groups), str(p.kernel), str(p.stride), str(p.padding)]
-    if kind in (Kind.MAXPOOL, Kind.AVGPOOL):
-        return [str(p.kernel), str(p.stride), str(p.padding)]
-    if kind is Kind.BN:
-        return [] if p == _DEFAULT_BN else [repr(p.momentum), repr(p.eps)]
-    if kind is Kind.LEAKY_RELU:
-        return [repr(p.slope)]
-    if kind in (Kind.DROPOUT, Kind.DROP_PATH):
-        return [repr(p.p)]
-    if kind is Kind.SE:
-        tail = [repr(p.gate), repr(p.act)] if p.act != "relu" else [repr(p.gate)] if p.gate != "sigmoid" else []
-        return [repr(p.squeeze)] + tail
-    if kind in (Kind.FC, Kind.GAP_FC):
-        return [str(p.out_features)] + ([] if p.bias else ["False"])
-    if kind is Kind.CHANNEL_PADDING:
-        return [str(p.multiple)]
-    if kind is Kind.CBR:
-        extra = [] if (p.momentum, p.eps) == (0.1, 1e-5) else [repr(p.momentum), repr(p.eps)]
-        return [str(p.out_channels), str(p.kernel), str(p.stride), str(p.padding)] + extra
-    if kind is Kind.CBRP:
-        return [str(v) for v in (p.out_channels, p.conv_kernel, p.conv_stride, p.conv_padding,
-                                 p.pool_kernel, p.pool_stride, p.pool_padding)]
-    if kind is Kind.BLOCK:
-        channels = [] if p.mid_channels is None else [str(p.mid_channels)]
-        return channels + [str(p.out_channels), repr(p.style)]
-    if kind is Kind.MBCONV:
-        return _mbconv_args(p)
-    if kind is Kind.REPEAT:
-        return [str(p.times)]
-    if kind is Kind.NAMED:
-        return [repr(p.name)]
-    return []
-
-
-_MBCONV_DEFAULTS = MbconvParams(1, 1, 1, 3)
-_MBCONV_OPTIONAL = ("kernel", "act", "se", "drop_path", "expanded_channels", "momentum", "eps")
-
-
-def _mbconv_args(p: MbconvParams) -> list[str]:
-    """The three required arguments, then the optional ones up to the last that is not its default
-    (positional: the repr grammar has no keyword arguments)."""
-    optional = [getattr(p, name) for name in _MBCONV_OPTIONAL]
-    defaults = [getattr(_MBCONV_DEFAULTS, name) for name in _MBCONV_OPTIONAL]
-    while optional and optional[-1] == defaults[len(optional) - 1]:
-        optional.pop()
-    return [str(p.expand_ratio), str(p.out_channels), str(p.stride)] + [repr(v) for v in optional]
+    """The positional arguments that rebuild ``layer.params``: its record's fields in order, each as a literal
+    (``repr``), up to the last field that has no default or differs from it; a field marked ``omit_none``
+    is left out while it is None (block's optional leading mid_channels)."""
+    record = layer.params
+    if record is None:
+        return []
+    items = [(f, getattr(record, f.name)) for f in fields(record)
+             if not (f.metadata.get("omit_none") and getattr(record, f.name) is None)]
+    while items and items[-1][0].default is not MISSING and items[-1][1] == items[-1][0].default:
+        items.pop()
+    return [repr(value) for _, value in items]
 
 
 def layer_code(layer: Layer) -> str:

@@ -58,6 +58,11 @@ class _Graph:
         self.initializers.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
         return name
 
+    def constant_int64(self, name: str, value) -> str:
+        from onnx import numpy_helper
+        self.initializers.append(numpy_helper.from_array(np.asarray(value, np.int64), name))
+        return name
+
     def node(self, kind: str, inputs: list[str], output: str, **attrs) -> str:
         from onnx import helper
         self.nodes.append(helper.make_node(kind, inputs, [output], name=output, **attrs))
@@ -89,6 +94,12 @@ def _simple(kind):
     return lambda g, layer, op, out: g.node(kind, [g.input(op)], out)
 
 
+def _with_attrs(kind):
+    """One node whose attributes are the kind's op-table attrs, by the same names (elu's ``alpha``)."""
+    return lambda g, layer, op, out: g.node(kind, [g.input(op)], out,
+                                            **{name: float(value) for name, value in layer.params})
+
+
 @ONNX.implements(Prim.RELU6, "forward")
 def _relu6(g, layer, op, out):
     return g.node("Clip", [g.input(op), g.constant(out + ".min", 0.0), g.constant(out + ".max", 6.0)], out)
@@ -97,6 +108,38 @@ def _relu6(g, layer, op, out):
 @ONNX.implements(Prim.LEAKY_RELU, "forward")
 def _leaky_relu(g, layer, op, out):
     return g.node("LeakyRelu", [g.input(op)], out, alpha=float(layer.param("slope")))
+
+
+@ONNX.implements(Prim.SOFTPLUS, "forward")
+def _softplus(g, layer, op, out):
+    """ONNX's Softplus has no beta or threshold: Where(beta x > threshold, x, Softplus(beta x) / beta)."""
+    x, beta = g.input(op), g.constant(out + ".beta", layer.param("beta"))
+    scaled = g.node("Mul", [x, beta], out + ".scaled")
+    smooth = g.node("Div", [g.node("Softplus", [scaled], out + ".softplus"), beta], out + ".smooth")
+    linear = g.node("Greater", [scaled, g.constant(out + ".threshold", layer.param("threshold"))], out + ".linear")
+    return g.node("Where", [linear, x, smooth], out)
+
+
+@ONNX.implements(Prim.HARDTANH, "forward")
+def _hardtanh(g, layer, op, out):
+    low, high = g.constant(out + ".min", layer.param("min_val")), g.constant(out + ".max", layer.param("max_val"))
+    return g.node("Clip", [g.input(op), low, high], out)
+
+
+@ONNX.implements(Prim.MISH, "forward")
+def _mish(g, layer, op, out):
+    """x tanh(softplus(x)) (ONNX's Mish op needs opset 18)."""
+    x = g.input(op)
+    return g.node("Mul", [x, g.node("Tanh", [g.node("Softplus", [x], out + ".softplus")], out + ".tanh")], out)
+
+
+@ONNX.implements(Prim.PRELU, "forward")
+def _prelu(g, layer, op, out):
+    """PRelu with the slopes shaped to broadcast on the NCHW channel axis ((C, 1, 1), or (C,) after a flatten)."""
+    rank = len(g.plan.tensor(op.read(Role.X)).shape)
+    slope = g.node("Reshape", [g.param(op, Role.WEIGHT), g.constant_int64(out + ".shape", [-1] + [1] * (rank - 2))],
+                   out + ".slope")
+    return g.node("PRelu", [g.input(op), slope], out)
 
 
 @ONNX.implements(Prim.SILU, "forward")
@@ -174,9 +217,11 @@ def _add(g, layer, op, out):
 
 
 for _prim, _node in ((Prim.RELU, "Relu"), (Prim.SIGMOID, "Sigmoid"), (Prim.TANH, "Tanh"),
-                     (Prim.HARDSWISH, "HardSwish"), (Prim.DROPOUT, "Identity"),
+                     (Prim.HARDSWISH, "HardSwish"), (Prim.SELU, "Selu"), (Prim.DROPOUT, "Identity"),
                      (Prim.DROP_PATH, "Identity")):   # one ONNX node of the same name
     ONNX.register(_prim, "forward", _simple(_node))
+for _prim, _node in ((Prim.ELU, "Elu"), (Prim.CELU, "Celu")):   # one node, the same attribute names
+    ONNX.register(_prim, "forward", _with_attrs(_node))
 
 
 def build_onnx(model, batch: int | None = None):

@@ -1,7 +1,7 @@
 """Pointwise activations on flat views, forward and backward side by side.
 
 Every activation of the op table gets its kernels here, generated from its row's float32 scalar pair
-(``planner/scalar_activations.py``: ``f(x, alpha)`` and ``f_grad(saved, dy, alpha) -> dx``, the same
+(``planner/scalar_activations.py``: ``f(x, a, b)`` and ``f_grad(saved, dy, a, b) -> dx``, the same
 bodies the CUDA path compiles): one loop over a span each, so that the loop vectorises. Adding an
 activation touches nothing in this file. The backward reads ``saved``: what the row saves, the
 *output* where the derivative is a function of it (relu, relu6, sigmoid, tanh), the *input* otherwise.
@@ -26,7 +26,7 @@ from numba import njit, prange
 
 from cpu_ref._misc import flat, partition, run_split
 from planner.kernel_table import activation_kernels, activation_kernels_of
-from planner.ops import OPS, OpRow
+from planner.ops import ACTIVATION_SLOTS, OPS, OpRow
 
 _ZERO = np.float32(0.0)
 
@@ -34,28 +34,28 @@ _ZERO = np.float32(0.0)
 # The loops every activation's kernels are copied from. scalar_forward, scalar_backward, forward_span and
 # backward_span are not globals of this module: each copy gets them in its own globals (_copy).
 
-def _forward_span(x, y, alpha, t, nparts):
+def _forward_span(x, y, a, b, t, nparts):
     lo, hi = partition(x.size, t, nparts)
     x, y = x[lo:hi], y[lo:hi]
     for i in range(x.size):
-        y[i] = scalar_forward(x[i], alpha)  # noqa: F821
+        y[i] = scalar_forward(x[i], a, b)  # noqa: F821
 
 
-def _backward_span(s, dy, dx, alpha, accumulate, t, nparts):
+def _backward_span(s, dy, dx, a, b, accumulate, t, nparts):
     lo, hi = partition(dy.size, t, nparts)
     s, dy, dx = s[lo:hi], dy[lo:hi], dx[lo:hi]
     for i in range(dy.size):
-        dx[i] = scalar_backward(s[i], dy[i], alpha) + (dx[i] if accumulate else _ZERO)  # noqa: F821
+        dx[i] = scalar_backward(s[i], dy[i], a, b) + (dx[i] if accumulate else _ZERO)  # noqa: F821
 
 
-def _forward_parallel(x, y, alpha, nparts):
+def _forward_parallel(x, y, a, b, nparts):
     for t in prange(nparts):
-        forward_span(x, y, alpha, t, nparts)  # noqa: F821
+        forward_span(x, y, a, b, t, nparts)  # noqa: F821
 
 
-def _backward_parallel(s, dy, dx, alpha, accumulate, nparts):
+def _backward_parallel(s, dy, dx, a, b, accumulate, nparts):
     for t in prange(nparts):
-        backward_span(s, dy, dx, alpha, accumulate, t, nparts)  # noqa: F821
+        backward_span(s, dy, dx, a, b, accumulate, t, nparts)  # noqa: F821
 
 
 class _Pointwise(NamedTuple):
@@ -118,13 +118,18 @@ def _kernels(prim):
     return activation_kernels_of(ACTIVATION_KERNELS, prim)   # reads the module's table when called
 
 
-def activation_forward(prim, x, y, alpha):
-    """``y = act(x)`` for the activation ``prim``; ``alpha`` is the leaky_relu slope (ignored otherwise)."""
-    run_split(*_kernels(prim).forward, x.size, flat(x), flat(y), np.float32(alpha))
+def _slots(params) -> tuple:
+    """``params`` (the row's attrs' values, ``planner.ops.activation_params``) as the kernels' float32 slots."""
+    return tuple(np.float32(v) for v in tuple(params) + (0.0,) * (ACTIVATION_SLOTS - len(params)))
 
 
-def activation_backward(prim, saved, dy, dx, alpha, accumulate):
+def activation_forward(prim, x, y, params=()):
+    """``y = act(x)`` for the activation ``prim``; ``params``: its parameters in its row's ``attrs`` order."""
+    run_split(*_kernels(prim).forward, x.size, flat(x), flat(y), *_slots(params))
+
+
+def activation_backward(prim, saved, dy, dx, params=(), accumulate=False):
     """``saved`` is what the op table's row saves: the output or the input."""
     if dx is None:
         return
-    run_split(*_kernels(prim).backward, dy.size, flat(saved), flat(dy), flat(dx), np.float32(alpha), accumulate)
+    run_split(*_kernels(prim).backward, dy.size, flat(saved), flat(dy), flat(dx), *_slots(params), accumulate)

@@ -11,12 +11,12 @@ import math
 
 import numpy as np
 
-from blueprint.optim import SGD, AdamW
+from blueprint.optim import SGD, Adam, AdamW
 from cpu_ref import kernels as K
 from planner import arena_budget
 from planner.executor_api import ExecutorBase, FinishedStep, InputError, dropout_seed, step_result
 from planner.init import initial_parameters
-from planner.ops import Prim
+from planner.ops import Prim, activation_params
 from planner.plan import Role
 
 from cpu_ref._table import CPU
@@ -111,17 +111,29 @@ class CpuExecutor(ExecutorBase):
         CPU.lookup(layer.kind, op.direction, layer.path)(self, layer, op, views)
 
     def _optimizer_update(self, views):
-        opt = self.optimizer
-        params, grads = self._regions["params"], self._regions["grads"]
-        state = self._regions["optim"]
-        count = params.size
-        if isinstance(opt, SGD):
-            buf = state[:count] if opt.state_slots else np.zeros(0, np.float32)
-            K.sgd_step(params, grads, buf, self._lr, opt.momentum_factor, opt.dampening_factor, opt.use_nesterov,
-                       opt.weight_decay_factor, self.step_count == 0)
-        else:
-            K.adam_step(params, grads, state[:count], state[count:2 * count], self._lr, opt.beta1, opt.beta2,
-                        opt.epsilon, opt.weight_decay_factor, self.step_count + 1, isinstance(opt, AdamW))
+        update = OPTIMIZER_UPDATES.get(type(self.optimizer))
+        if update is None:
+            raise TypeError(f"CpuExecutor: no update for the optimizer {type(self.optimizer).__name__}; expected one "
+                            f"of {sorted(t.__name__ for t in OPTIMIZER_UPDATES)} "
+                            f"(cpu_ref/_executor.py OPTIMIZER_UPDATES)")
+        update(self, self._regions["params"], self._regions["grads"], self._regions["optim"])
+
+
+def _sgd_update(ex, params, grads, state):
+    opt = ex.optimizer
+    buf = state[:params.size] if opt.state_slots else np.zeros(0, np.float32)
+    K.sgd_step(params, grads, buf, ex._lr, opt.momentum_factor, opt.dampening_factor, opt.use_nesterov,
+               opt.weight_decay_factor, ex.step_count == 0)
+
+
+def _adam_update(ex, params, grads, state):
+    opt, count = ex.optimizer, params.size
+    K.adam_step(params, grads, state[:count], state[count:2 * count], ex._lr, opt.beta1, opt.beta2, opt.epsilon,
+                opt.weight_decay_factor, ex.step_count + 1, opt.decoupled)
+
+
+#: the optimizer configuration's type -> its update over the whole parameter region
+OPTIMIZER_UPDATES = {SGD: _sgd_update, Adam: _adam_update, AdamW: _adam_update}
 
 
 def _v(op, views, role, write=False):
@@ -137,9 +149,9 @@ def _as2d(array):
 @CPU.implements(Prim.SOFTMAX_CE, "loss")
 def _loss(ex, layer, op, views):
     io = ex.plan.io
-    logits = views[op.read("logits")]
-    labels = views[op.read("labels")]
-    dlogits_tid = op.written("dlogits")
+    logits = views[op.read(Role.LOGITS)]
+    labels = views[op.read(Role.LABELS)]
+    dlogits_tid = op.written(Role.DLOGITS)
     dlogits = views[dlogits_tid] if dlogits_tid is not None else None
     loss = K.softmax_cross_entropy(logits, labels, ex.loss.smoothing, dlogits, 1.0)
     views[io["loss"]][()] = loss
@@ -148,84 +160,85 @@ def _loss(ex, layer, op, views):
 
 @CPU.implements(Prim.CONV, "forward")
 def _conv_fwd(ex, layer, op, views):
-    K.conv2d_forward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "y", True), layer.param("stride"),
-                     layer.param("padding"), layer.param("groups"), _col(op, views))
+    K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True),
+                     layer.param("stride"), layer.param("padding"), layer.param("groups"), _col(op, views))
 
 
 def _col(op, views):
-    col = _v(op, views, "col", True)
+    col = _v(op, views, Role.COL, True)
     return col if col is not None else np.zeros((0, 0), np.float32)
 
 
 @CPU.implements((Prim.BN2D, Prim.BN1D), "forward")
 def _bn_fwd(ex, layer, op, views):
-    x, y = _as2d(_v(op, views, "x")), _as2d(_v(op, views, "y", True))
-    gamma, beta = _v(op, views, "weight"), _v(op, views, "bias")
-    mean, var = _v(op, views, "running_mean"), _v(op, views, "running_var")
+    x, y = _as2d(_v(op, views, Role.X)), _as2d(_v(op, views, Role.Y, True))
+    gamma, beta = _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS)
+    mean, var = _v(op, views, Role.RUNNING_MEAN), _v(op, views, Role.RUNNING_VAR)
     if op.attr("training"):
-        K.batchnorm_forward_train(x, gamma, beta, y, _v(op, views, "save_mean", True),
-                                  _v(op, views, "save_invstd", True), mean, var, layer.param("momentum"),
+        K.batchnorm_forward_train(x, gamma, beta, y, _v(op, views, Role.SAVE_MEAN, True),
+                                  _v(op, views, Role.SAVE_INVSTD, True), mean, var, layer.param("momentum"),
                                   layer.param("eps"), ex.batchnorm_sums)
-        tracked = _v(op, views, "num_batches_tracked", True)
+        tracked = _v(op, views, Role.NUM_BATCHES_TRACKED, True)
         tracked[()] += 1
     else:
         K.batchnorm_forward_eval(x, gamma, beta, mean, var, layer.param("eps"), y)
 
 
 def _act_fwd(ex, layer, op, views):
-    K.activation_forward(layer.kind, _v(op, views, "x").reshape(-1),
-                         _v(op, views, "y", True).reshape(-1), float(layer.param("slope", 0.0)))
+    K.activation_forward(layer.kind, _v(op, views, Role.X).reshape(-1), _v(op, views, Role.Y, True).reshape(-1),
+                         activation_params(layer))
 
 
 @CPU.implements(Prim.DROPOUT, "forward")
 def _dropout_fwd(ex, layer, op, views):
-    x, y = _v(op, views, "x"), _v(op, views, "y", True)
+    x, y = _v(op, views, Role.X), _v(op, views, Role.Y, True)
     if op.attr("training") and layer.param("p") > 0:
-        K.dropout_forward(x.reshape(-1), y.reshape(-1), _v(op, views, "mask", True).reshape(-1), layer.param("p"),
+        K.dropout_forward(x.reshape(-1), y.reshape(-1), _v(op, views, Role.MASK, True).reshape(-1), layer.param("p"),
                           dropout_seed(ex.seed, op.layer), ex.step_count)   # unfused: layer index == position
     else:
         y[...] = x
-        mask = _v(op, views, "mask", True)
+        mask = _v(op, views, Role.MASK, True)
         if mask is not None:
             mask[...] = 1
 
 
 @CPU.implements(Prim.FLATTEN, "forward")
 def _flatten_fwd(ex, layer, op, views):
-    y = _v(op, views, "y", True)
-    y[...] = _v(op, views, "x").reshape(y.shape)
+    y = _v(op, views, Role.Y, True)
+    y[...] = _v(op, views, Role.X).reshape(y.shape)
 
 
 @CPU.implements(Prim.FC, "forward")
 def _fc_fwd(ex, layer, op, views):
-    K.linear_forward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "bias"), _v(op, views, "y", True))
+    K.linear_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS),
+                     _v(op, views, Role.Y, True))
 
 
 @CPU.implements(Prim.MAXPOOL, "forward")
 def _maxpool_fwd(ex, layer, op, views):
-    K.maxpool_forward(_v(op, views, "x"), _v(op, views, "y", True), _v(op, views, "argmax", True),
+    K.maxpool_forward(_v(op, views, Role.X), _v(op, views, Role.Y, True), _v(op, views, Role.ARGMAX, True),
                       layer.param("kernel"), layer.param("stride"), layer.param("padding"))
 
 
 @CPU.implements(Prim.AVGPOOL, "forward")
 def _avgpool_fwd(ex, layer, op, views):
-    K.avgpool_forward(_v(op, views, "x"), _v(op, views, "y", True), layer.param("kernel"), layer.param("stride"),
+    K.avgpool_forward(_v(op, views, Role.X), _v(op, views, Role.Y, True), layer.param("kernel"), layer.param("stride"),
                       layer.param("padding"))
 
 
 @CPU.implements(Prim.GAP, "forward")
 def _gap_fwd(ex, layer, op, views):
-    K.gap_forward(_v(op, views, "x"), _v(op, views, "y", True))
+    K.gap_forward(_v(op, views, Role.X), _v(op, views, Role.Y, True))
 
 
 @CPU.implements(Prim.CHANNEL_PAD, "forward")
 def _channel_pad_fwd(ex, layer, op, views):
-    K.channel_pad_forward(_v(op, views, "x"), _v(op, views, "y", True))
+    K.channel_pad_forward(_v(op, views, Role.X), _v(op, views, Role.Y, True))
 
 
 @CPU.implements(Prim.ADD, "forward")
 def _add_fwd(ex, layer, op, views):
-    K.add_forward(_v(op, views, "a"), _v(op, views, "b"), _v(op, views, "y", True))
+    K.add_forward(_v(op, views, Role.A), _v(op, views, Role.B), _v(op, views, Role.Y, True))
 
 
 @CPU.implements(Prim.CHANNEL_MUL, "forward")
@@ -235,12 +248,17 @@ def _channel_mul_fwd(ex, layer, op, views):
 
 @CPU.implements(Prim.DROP_PATH, "forward")
 def _drop_path_fwd(ex, layer, op, views):
-    x, y = _v(op, views, "x"), _v(op, views, "y", True)
+    x, y = _v(op, views, Role.X), _v(op, views, Role.Y, True)
     if op.attr("training"):
         K.drop_path_forward(x, y, _v(op, views, Role.MASK, True), layer.param("p"), dropout_seed(ex.seed, op.layer),
                             ex.step_count)   # unfused: layer index == position
     else:
         y[...] = x
+
+
+@CPU.implements(Prim.PRELU, "forward")
+def _prelu_fwd(ex, layer, op, views):
+    K.prelu_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True))
 
 
 # backward handlers
@@ -252,68 +270,70 @@ def _acc(op, role=Role.DX):
 
 @CPU.implements(Prim.CONV, "backward")
 def _conv_bwd(ex, layer, op, views):
-    K.conv2d_backward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "dy"), _v(op, views, "dx", True),
-                      _v(op, views, "dweight", True), layer.param("stride"), layer.param("padding"),
-                      layer.param("groups"), _col(op, views), _acc(op))
+    K.conv2d_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
+                      _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), layer.param("stride"),
+                      layer.param("padding"), layer.param("groups"), _col(op, views), _acc(op))
 
 
 @CPU.implements((Prim.BN2D, Prim.BN1D), "backward")
 def _bn_bwd(ex, layer, op, views):
-    dx = _v(op, views, "dx", True)
-    K.batchnorm_backward(_as2d(_v(op, views, "x")), _v(op, views, "weight"), _v(op, views, "save_mean"),
-                         _v(op, views, "save_invstd"), _as2d(_v(op, views, "dy")), None if dx is None else _as2d(dx),
-                         _v(op, views, "dweight", True), _v(op, views, "dbias", True), _acc(op), ex.batchnorm_sums)
+    dx = _v(op, views, Role.DX, True)
+    K.batchnorm_backward(_as2d(_v(op, views, Role.X)), _v(op, views, Role.WEIGHT), _v(op, views, Role.SAVE_MEAN),
+                         _v(op, views, Role.SAVE_INVSTD), _as2d(_v(op, views, Role.DY)),
+                         None if dx is None else _as2d(dx), _v(op, views, Role.DWEIGHT, True),
+                         _v(op, views, Role.DBIAS, True), _acc(op), ex.batchnorm_sums)
 
 
 def _act_bwd(ex, layer, op, views):
-    saved = _v(op, views, "y") if _v(op, views, "y") is not None else _v(op, views, "x")
-    K.activation_backward(layer.kind, saved.reshape(-1), _v(op, views, "dy").reshape(-1),
-                          _v(op, views, "dx", True).reshape(-1), float(layer.param("slope", 0.0)), _acc(op))
+    saved = _v(op, views, Role.Y) if _v(op, views, Role.Y) is not None else _v(op, views, Role.X)
+    K.activation_backward(layer.kind, saved.reshape(-1), _v(op, views, Role.DY).reshape(-1),
+                          _v(op, views, Role.DX, True).reshape(-1), activation_params(layer), _acc(op))
 
 
 @CPU.implements(Prim.DROPOUT, "backward")
 def _dropout_bwd(ex, layer, op, views):
-    K.dropout_backward(_v(op, views, "mask").reshape(-1), _v(op, views, "dy").reshape(-1),
-                       _v(op, views, "dx", True).reshape(-1), layer.param("p"), _acc(op))
+    K.dropout_backward(_v(op, views, Role.MASK).reshape(-1), _v(op, views, Role.DY).reshape(-1),
+                       _v(op, views, Role.DX, True).reshape(-1), layer.param("p"), _acc(op))
 
 
 @CPU.implements(Prim.FLATTEN, "backward")
 def _flatten_bwd(ex, layer, op, views):
-    dx = _v(op, views, "dx", True)
-    K.accumulate_into(dx, _v(op, views, "dy").reshape(dx.shape), _acc(op))
+    dx = _v(op, views, Role.DX, True)
+    K.accumulate_into(dx, _v(op, views, Role.DY).reshape(dx.shape), _acc(op))
 
 
 @CPU.implements(Prim.FC, "backward")
 def _fc_bwd(ex, layer, op, views):
-    K.linear_backward(_v(op, views, "x"), _v(op, views, "weight"), _v(op, views, "dy"), _v(op, views, "dx", True),
-                      _v(op, views, "dweight", True), _v(op, views, "dbias", True), _acc(op))
+    K.linear_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
+                      _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), _v(op, views, Role.DBIAS, True),
+                      _acc(op))
 
 
 @CPU.implements(Prim.MAXPOOL, "backward")
 def _maxpool_bwd(ex, layer, op, views):
-    K.maxpool_backward(_v(op, views, "argmax"), _v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
+    K.maxpool_backward(_v(op, views, Role.ARGMAX), _v(op, views, Role.DY), _v(op, views, Role.DX, True), _acc(op))
 
 
 @CPU.implements(Prim.AVGPOOL, "backward")
 def _avgpool_bwd(ex, layer, op, views):
-    K.avgpool_backward(_v(op, views, "dy"), _v(op, views, "dx", True), layer.param("kernel"), layer.param("stride"),
-                       layer.param("padding"), _acc(op))
+    K.avgpool_backward(_v(op, views, Role.DY), _v(op, views, Role.DX, True), layer.param("kernel"),
+                       layer.param("stride"), layer.param("padding"), _acc(op))
 
 
 @CPU.implements(Prim.GAP, "backward")
 def _gap_bwd(ex, layer, op, views):
-    K.gap_backward(_v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
+    K.gap_backward(_v(op, views, Role.DY), _v(op, views, Role.DX, True), _acc(op))
 
 
 @CPU.implements(Prim.CHANNEL_PAD, "backward")
 def _channel_pad_bwd(ex, layer, op, views):
-    K.channel_pad_backward(_v(op, views, "dy"), _v(op, views, "dx", True), _acc(op))
+    K.channel_pad_backward(_v(op, views, Role.DY), _v(op, views, Role.DX, True), _acc(op))
 
 
 @CPU.implements(Prim.ADD, "backward")
 def _add_bwd(ex, layer, op, views):
-    dy = _v(op, views, "dy")
-    for role in ("da", "db"):
+    dy = _v(op, views, Role.DY)
+    for role in (Role.DA, Role.DB):
         target = _v(op, views, role, True)
         if target is not None:
             K.accumulate_into(target, dy, _acc(op, role))
@@ -330,6 +350,12 @@ def _channel_mul_bwd(ex, layer, op, views):
 def _drop_path_bwd(ex, layer, op, views):
     K.drop_path_backward(_v(op, views, Role.MASK), _v(op, views, Role.DY), _v(op, views, Role.DX, True),
                          layer.param("p"), _acc(op))
+
+
+@CPU.implements(Prim.PRELU, "backward")
+def _prelu_bwd(ex, layer, op, views):
+    K.prelu_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
+                     _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), _acc(op))
 
 
 # activations: those with kernels in cpu_ref/_activation.py (a missing one fails CPU.check_plan)

@@ -13,6 +13,7 @@ from cpu_ref._misc import (accumulate_into, add_forward, channel_pad_backward, c
                            dropout_forward)
 from cpu_ref._norm import batchnorm_backward, batchnorm_forward_eval, batchnorm_forward_train, local_channel_sums
 from cpu_ref._optim import adam_step, sgd_step
+from cpu_ref._prelu import prelu_backward, prelu_forward
 from cpu_ref._pool import (avgpool_backward, avgpool_forward, gap_backward, gap_forward, maxpool_backward,
                            maxpool_forward)
 
@@ -26,6 +27,7 @@ __all__ = [
     "add_forward", "accumulate_into", "dropout_forward", "dropout_backward",
     "channel_pad_forward", "channel_pad_backward",
     "channel_mul_forward", "channel_mul_backward", "drop_path_forward", "drop_path_backward",
+    "prelu_forward", "prelu_backward",
     "softmax_cross_entropy",
     "sgd_step", "adam_step",
 ]

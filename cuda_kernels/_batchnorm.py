@@ -94,7 +94,7 @@ _relu, _relu6 = ACTIVATION_KERNELS[Prim.RELU].f, ACTIVATION_KERNELS[Prim.RELU6].
 def _clamp(v, clamp):
     if clamp == 0:
         return v
-    return _relu6(v, ZERO) if clamp == 2 else _relu(v, ZERO)
+    return _relu6(v, ZERO, ZERO) if clamp == 2 else _relu(v, ZERO, ZERO)
 
 
 _APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32)

@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from planner.kernel_table import activation_kernels, activation_kernels_of
-from planner.ops import OPS, OpRow
+from planner.ops import ACTIVATION_SLOTS, OPS, OpRow
 
 from ._registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
 
@@ -45,16 +45,16 @@ def pointwise(row: OpRow) -> _Pointwise:
     f = cuda.jit(device=True)(row.scalar_forward)
     grad = cuda.jit(device=True)(row.scalar_backward)
 
-    def forward(x, y, alpha):
+    def forward(x, y, a, b):
         for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-            y[i] = f16(f(f32(x[i]), alpha))
+            y[i] = f16(f(f32(x[i]), a, b))
 
-    def backward(saved, dy, dx, alpha, accumulate):
+    def backward(saved, dy, dx, a, b, accumulate):
         for i in range(cuda.grid(1), dy.size, cuda.gridsize(1)):
-            _store(dx, i, grad(f32(saved[i]), f32(dy[i]), alpha), accumulate)
+            _store(dx, i, grad(f32(saved[i]), f32(dy[i]), a, b), accumulate)
 
-    return _Pointwise(kernel(f"activation_forward.{row.prim.value}", (H1, H1, F32))(forward),
-                      kernel(f"activation_backward.{row.prim.value}", (H1, H1, H1, F32, I32))(backward), f, grad)
+    return _Pointwise(kernel(f"activation_forward.{row.prim.value}", (H1, H1, F32, F32))(forward),
+                      kernel(f"activation_backward.{row.prim.value}", (H1, H1, H1, F32, F32, I32))(backward), f, grad)
 
 
 ACTIVATION_KERNELS = activation_kernels(OPS, pointwise)   # Prim -> kernels, every activation row, in table order
@@ -64,12 +64,18 @@ def _kernels(prim):
     return activation_kernels_of(ACTIVATION_KERNELS, prim)   # reads the module's table when called
 
 
-def activation_forward(launcher, prim, x, y, alpha=0.01):
-    launcher.launch(_kernels(prim).forward, *grid_1d(x.size), flat(x), flat(y), np.float32(alpha))
+def _slots(params) -> tuple:
+    """``params`` (the row's attrs' values, ``planner.ops.activation_params``) as the kernels' float32 slots."""
+    return tuple(np.float32(v) for v in tuple(params) + (0.0,) * (ACTIVATION_SLOTS - len(params)))
 
 
-def activation_backward(launcher, prim, saved, dy, dx, alpha=0.01, accumulate=False):
-    launcher.launch(_kernels(prim).backward, *grid_1d(dy.size), flat(saved), flat(dy), flat(dx), np.float32(alpha),
+def activation_forward(launcher, prim, x, y, params=()):
+    """``y = act(x)``; ``params``: the activation's parameters in its row's ``attrs`` order."""
+    launcher.launch(_kernels(prim).forward, *grid_1d(x.size), flat(x), flat(y), *_slots(params))
+
+
+def activation_backward(launcher, prim, saved, dy, dx, params=(), accumulate=False):
+    launcher.launch(_kernels(prim).backward, *grid_1d(dy.size), flat(saved), flat(dy), flat(dx), *_slots(params),
                     np.int32(accumulate))
 
 

@@ -29,10 +29,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from planner.executor_api import dropout_seed
-from planner.ops import OPS, Prim
+from planner.ops import OPS, Prim, activation_params
 from planner.plan import GRADIENT_ROLES, INPUT_ROLES, PARAM_GRADIENT, Role
 
-from . import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool
+from . import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool, _prelu
 from ._collective import SINGLE_REPLICA
 from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
@@ -194,7 +194,7 @@ def _batchnorm_forward(launcher, ov, step, mode):
 
 
 def _activation_forward(launcher, ov, step, mode):
-    _elementwise.activation_forward(launcher, step.prim.kind, step.inputs[0], step.out, step.prim.param("slope", 0.01))
+    _elementwise.activation_forward(launcher, step.prim.kind, step.inputs[0], step.out, activation_params(step.prim))
 
 
 @CUDA.implements(Prim.ADD, "forward")
@@ -258,6 +258,11 @@ def _drop_path_forward(launcher, ov, step, mode):
         _elementwise.accumulate_into(launcher, y, x, False)
 
 
+@CUDA.implements(Prim.PRELU, "forward")
+def _prelu_forward(launcher, ov, step, mode):
+    _prelu.prelu_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT), step.out)
+
+
 @CUDA.implements(Prim.CHANNEL_MUL, "forward")
 def _channel_mul_forward(launcher, ov, step, mode):
     _channel_mul.channel_mul_forward(launcher, step.inputs[0], step.inputs[1], step.out)
@@ -295,24 +300,39 @@ def record_loss(launcher, ctx, op):
 def record_optimizer(launcher, ctx, op):
     """Overflow check, one multi-tensor update over the whole parameter region (skipped on
     overflow), the loss-scale update, the counters, and the fp16 weight copies."""
-    from blueprint.optim import SGD, AdamW
-
-    s, r, opt = ctx.scalars, ctx.regions, ctx.optimizer
+    s, r = ctx.scalars, ctx.regions
+    update = _optimizer_updates().get(type(ctx.optimizer))
+    if update is None:
+        raise TypeError(f"CudaExecutor: no update for the optimizer {type(ctx.optimizer).__name__}; expected one of "
+                        f"{sorted(t.__name__ for t in _optimizer_updates())} (cuda_kernels/_ops.py _optimizer_updates)")
     ctx.collectives.gradients(launcher, r["grads"])    # the mean over the replicas (nothing in one process)
     _optim.check_overflow(launcher, r["grads"], s["overflow"])
     ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
-    count = r["params"].size
-    if isinstance(opt, SGD):
-        buf = r["optim"][:count] if opt.state_slots else r["grads"]   # never touched without momentum
-        _optim.sgd_step(launcher, r["params"], r["grads"], buf, s["lr"], s["step"], s["loss_scale"], s["overflow"],
-                        opt.momentum_factor, opt.dampening_factor, opt.use_nesterov, opt.weight_decay_factor)
-    else:
-        _optim.adam_step(launcher, r["params"], r["grads"], r["optim"][:count], r["optim"][count:2 * count], s["lr"],
-                         s["step"], s["loss_scale"], s["overflow"], opt.beta1, opt.beta2, opt.epsilon,
-                         opt.weight_decay_factor, isinstance(opt, AdamW))
+    update(launcher, ctx.optimizer, s, r)
     _optim.update_loss_scale(launcher, s["overflow"], s["loss_scale"], s["good_steps"])
     _optim.advance_counters(launcher, s["overflow"], s["step"], s["iteration"])
     _elementwise.cast_f32_to_f16(launcher, r["params"], r["weights16"])
+
+
+def _sgd_update(launcher, opt, s, r):
+    count = r["params"].size
+    buf = r["optim"][:count] if opt.state_slots else r["grads"]   # never touched without momentum
+    _optim.sgd_step(launcher, r["params"], r["grads"], buf, s["lr"], s["step"], s["loss_scale"], s["overflow"],
+                    opt.momentum_factor, opt.dampening_factor, opt.use_nesterov, opt.weight_decay_factor)
+
+
+def _adam_update(launcher, opt, s, r):
+    count = r["params"].size
+    _optim.adam_step(launcher, r["params"], r["grads"], r["optim"][:count], r["optim"][count:2 * count], s["lr"],
+                     s["step"], s["loss_scale"], s["overflow"], opt.beta1, opt.beta2, opt.epsilon,
+                     opt.weight_decay_factor, opt.decoupled)
+
+
+def _optimizer_updates() -> dict:
+    """The optimizer configuration's type -> its update (imported when a step is recorded: the kernels'
+    module does not import the task's configuration vocabulary at import time)."""
+    from blueprint.optim import SGD, Adam, AdamW
+    return {SGD: _sgd_update, Adam: _adam_update, AdamW: _adam_update}
 
 
 # ---- backward --------------------------------------------------------------------------------------------
@@ -418,6 +438,13 @@ def _add_backward(launcher, ov, grads, values, position, prim, dy):
             _elementwise.accumulate_into(launcher, target, dy, accumulate)
 
 
+@CUDA.implements(Prim.PRELU, "backward")
+def _prelu_backward(launcher, ov, grads, values, position, prim, dy):
+    dx, accumulate = grads.target(prim.inputs[0], Role.DX)
+    _prelu.prelu_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT), dy, dx,
+                          _dparam(ov, position, Role.WEIGHT), accumulate)
+
+
 @CUDA.implements(Prim.CHANNEL_MUL, "backward")
 def _channel_mul_backward(launcher, ov, grads, values, position, prim, dy):
     (dx, accumulate_dx), (ds, accumulate_ds) = (grads.target(value, role)
@@ -464,7 +491,7 @@ def _input_only(backward):
 
 def _activation_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
     saved = values[prim.output if OPS[prim.kind].saves == ("output",) else prim.inputs[0]]
-    _elementwise.activation_backward(launcher, prim.kind, saved, dy, dx, prim.param("slope", 0.01), accumulate)
+    _elementwise.activation_backward(launcher, prim.kind, saved, dy, dx, activation_params(prim), accumulate)
 
 
 def _gap_backward(launcher, ov, values, position, prim, dy, dx, accumulate):

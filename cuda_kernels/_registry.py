@@ -131,7 +131,7 @@ def check_args(spec, args, host_stand_ins=False):
 
 
 KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_depthwise", "_linear", "_loss", "_optim",
-                  "_channel_mul", "_drop_path")
+                  "_channel_mul", "_drop_path", "_prelu")
 
 
 def all_kernels():

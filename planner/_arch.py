@@ -37,11 +37,15 @@ class ArchLayer:
     first: bool = False  # consumes the network input: no input gradient is needed
     sub: tuple["ArchLayer", ...] = ()
 
-    def param(self, name: str, default=None):
+    def param(self, name: str):
+        """The value of the parameter ``name``. A name the layer does not carry raises instead of answering a
+        default: a handler that asked for another kind's parameter would otherwise run without it."""
         for key, value in self.params:
             if key == name:
                 return value
-        return default
+        carried = [key for key, _ in self.params]
+        raise KeyError(f"{self.path}: the {self.kind} layer has no parameter {name!r}, only {carried} "
+                       f"(a primitive carries its op-table row's attrs, planner/ops.py; read them through the row)")
 
     @property
     def name(self) -> str:

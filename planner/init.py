@@ -26,6 +26,8 @@ def initial_parameters(plan, seed: int) -> dict[int, np.ndarray]:
             value = np.ones(spec.shape)
         elif spec.init == "zeros":
             value = np.zeros(spec.shape)
+        elif spec.init == "prelu_quarter":
+            value = np.full(spec.shape, 0.25)
         else:
             raise ValueError(f"parameter {spec.name!r}: unknown initialiser {spec.init!r}")
         values[spec.tensor] = value.astype(plan.tensor(spec.tensor).dtype)   # int64 counters, float32 otherwise

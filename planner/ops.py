@@ -63,6 +63,13 @@ class Prim(enum.StrEnum):
     HARDSWISH = "hardswish"
     GELU = "gelu"
     HARDSIGMOID = "hardsigmoid"
+    ELU = "elu"
+    CELU = "celu"
+    SELU = "selu"
+    SOFTPLUS = "softplus"
+    MISH = "mish"
+    PRELU = "prelu"
+    HARDTANH = "hardtanh"
     DROPOUT = "dropout"
     DROP_PATH = "drop_path"
     FLATTEN = "flatten"
@@ -207,12 +214,25 @@ for _prim in (Prim.BN2D, Prim.BN1D):
                    R.batchnorm_forward_train, R.batchnorm_backward))
 
 # ---- activations ------------------------------------------------------------------------------
+ACTIVATION_SLOTS = 2   # the scalar parameters an activation's kernels take (its row's attrs, in order)
+
+
+def activation_params(layer: ArchLayer) -> tuple[float, ...]:
+    """The values of ``layer``'s activation parameters, in its row's ``attrs`` order, padded with zeros to
+    ``ACTIVATION_SLOTS``: what every path passes to the kernels compiled from the row's scalar pair."""
+    values = [float(layer.param(name)) for name in OPS[layer.kind].attrs]
+    return tuple(values) + (0.0,) * (ACTIVATION_SLOTS - len(values))
+
+
 def activation(prim: Prim, saves: str, forward: Callable, backward: Callable, scalar_forward: Callable,
                scalar_backward: Callable, attrs: tuple[str, ...] = ()) -> None:
     """A pointwise activation row. ``saves``: "output" where the derivative is a function of the output
     (the input need not be kept), else "input"; ``forward``/``backward``: the numpy reference pair (the spec);
     ``scalar_forward``/``scalar_backward``: the float32 pair both paths compile into their kernels;
-    ``attrs``: its one scalar parameter (``alpha``), if any."""
+    ``attrs``: its scalar parameters (at most ``ACTIVATION_SLOTS``), passed to both pairs in this order."""
+    if len(attrs) > ACTIVATION_SLOTS:
+        raise ValueError(f"planner/ops.py: the activation {prim.value!r} has {len(attrs)} parameters {attrs}; the "
+                         f"activation kernels carry {ACTIVATION_SLOTS} (ACTIVATION_SLOTS)")
     register(OpRow(prim, attrs, _same, _none, _zero, (saves,), _none, forward, backward, activation=True,
                    scalar_forward=scalar_forward, scalar_backward=scalar_backward))
 
@@ -227,6 +247,29 @@ activation(Prim.SILU, "input", R.silu, R.silu_grad, S.silu, S.silu_grad)
 activation(Prim.HARDSWISH, "input", R.hardswish, R.hardswish_grad, S.hardswish, S.hardswish_grad)
 activation(Prim.GELU, "input", R.gelu, R.gelu_grad, S.gelu, S.gelu_grad)
 activation(Prim.HARDSIGMOID, "input", R.hardsigmoid, R.hardsigmoid_grad, S.hardsigmoid, S.hardsigmoid_grad)
+activation(Prim.ELU, "input", R.elu, R.elu_grad, S.elu, S.elu_grad, attrs=("alpha",))
+activation(Prim.CELU, "input", R.celu, R.celu_grad, S.celu, S.celu_grad, attrs=("alpha",))
+activation(Prim.SELU, "input", R.selu, R.selu_grad, S.selu, S.selu_grad)
+activation(Prim.SOFTPLUS, "input", R.softplus, R.softplus_grad, S.softplus, S.softplus_grad,
+           attrs=("beta", "threshold"))
+activation(Prim.MISH, "input", R.mish, R.mish_grad, S.mish, S.mish_grad)
+activation(Prim.HARDTANH, "input", R.hardtanh, R.hardtanh_grad, S.hardtanh, S.hardtanh_grad,
+           attrs=("max_val", "min_val"))
+
+# ---- prelu: a learnable negative slope, one per channel (the last axis) or one shared -------------------
+PRELU_WEIGHT = ParamRule("weight", "params", "prelu_quarter")   # torch.nn.PReLU's init=0.25
+
+
+def _prelu_params(layer, shapes):
+    count = layer.param("num_parameters")
+    if count not in (1, shapes[0][-1]):
+        raise ShapeError(f"{layer.path}: prelu({count}) has {count} slopes for an input of {shapes[0][-1]} channels "
+                         f"(shape {shapes[0]}); use prelu(1) (one shared slope) or prelu({shapes[0][-1]})")
+    return [(PRELU_WEIGHT, (count,))]
+
+
+register(OpRow(Prim.PRELU, ("num_parameters",), _same, _prelu_params, _zero, ("input",), _none, R.prelu_forward,
+               R.prelu_backward))
 
 # ---- regularisation, reshapes, sums ------------------------------------------------------------
 DROPOUT_MASK = Extra("mask", "uint8", saved=True)

@@ -112,9 +112,10 @@ def _erf(x):
     return np.vectorize(erf, otypes=[x.dtype])(x) if x.size else x.copy()
 
 
-# Each activation is a pair ``f(x, alpha) -> y`` and ``grad(saved, dy, alpha) -> dx``, where
+# Each activation is a pair ``f(x, *attrs) -> y`` and ``grad(saved, dy, *attrs) -> dx``, where
 # ``saved`` is what its op-table row saves: the output ``y`` (relu, relu6, sigmoid, tanh) or the
-# input ``x``; ``alpha`` is the leaky_relu slope (ignored by the others).
+# input ``x``; ``attrs`` are the row's parameters in its ``attrs`` order, with PyTorch's defaults
+# (a kind without parameters ignores any).
 
 def relu(x, alpha=0.01):
     return np.maximum(x, 0)
@@ -191,6 +192,73 @@ def hardsigmoid(x, alpha=0.01):
 def hardsigmoid_grad(x, dy, alpha=0.01):
     """PyTorch's gradient: 1/6 strictly inside (-3, 3), else 0."""
     return np.where((x > -3) & (x < 3), dy / 6, 0)
+
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def elu(x, alpha=1.0, *_):
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+def elu_grad(x, dy, alpha=1.0, *_):
+    return np.where(x > 0, dy, dy * alpha * np.exp(np.minimum(x, 0)))
+
+
+def celu(x, alpha=1.0, *_):
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0) / alpha))
+
+
+def celu_grad(x, dy, alpha=1.0, *_):
+    return np.where(x > 0, dy, dy * np.exp(np.minimum(x, 0) / alpha))
+
+
+def selu(x, *_):
+    return SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.expm1(np.minimum(x, 0)))
+
+
+def selu_grad(x, dy, *_):
+    return SELU_SCALE * np.where(x > 0, dy, dy * SELU_ALPHA * np.exp(np.minimum(x, 0)))
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's form)."""
+    return np.where(x * beta > threshold, x, np.logaddexp(0, x * beta) / beta)
+
+
+def softplus_grad(x, dy, beta=1.0, threshold=20.0):
+    return np.where(x * beta > threshold, dy, dy * _sigmoid(x * beta))
+
+
+def mish(x, *_):
+    return x * np.tanh(np.logaddexp(0, x))
+
+
+def mish_grad(x, dy, *_):
+    t = np.tanh(np.logaddexp(0, x))
+    return dy * (t + x * _sigmoid(x) * (1 - t * t))
+
+
+def hardtanh(x, max_val=1.0, min_val=-1.0):
+    return np.clip(x, min_val, max_val)
+
+
+def hardtanh_grad(x, dy, max_val=1.0, min_val=-1.0):
+    return np.where((x > min_val) & (x < max_val), dy, 0)
+
+
+def prelu_forward(x, w):
+    """x where positive, else w * x; ``w`` has one slope per channel (the last axis) or one for all."""
+    return np.where(x > 0, x, w * x)
+
+
+def prelu_backward(x, w, dy):
+    """Returns ``(dx, dw)``; ``dw`` sums over every axis but the channel's (all of them for one slope)."""
+    dx = np.where(x > 0, dy, w * dy)
+    per_element = np.where(x > 0, 0, x * dy).reshape(-1, x.shape[-1])
+    dw = per_element.sum(axis=0) if w.size > 1 else np.array([per_element.sum()])
+    return dx, dw
 
 
 # ---------------------------------------------------------------------------- pooling

@@ -43,11 +43,11 @@ PAIR = """import numpy as np
 _FACTOR = np.float32(2.0)
 
 
-def pair(x, alpha):
+def pair(x, _a, _b):
     return _FACTOR * x
 
 
-def pair_grad(x, dy, alpha):
+def pair_grad(x, dy, _a, _b):
     return _FACTOR * dy
 """
 X = np.linspace(-2, 2, 9, dtype=np.float32)

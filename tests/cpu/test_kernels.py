@@ -19,6 +19,7 @@ from cpu_ref import _misc
 from cpu_ref import kernels as K
 from planner import ops
 from planner import reference as R
+from tests.support.kind_params import ACTIVATION_EXAMPLES
 
 F32 = np.float32
 
@@ -126,25 +127,26 @@ def batchnorm_eval(m, c, eps=1e-5):
                 makers={"rv": _positive})
 
 
-def activation(kind, n=47, alpha=0.1):
-    """Any activation of the op table: its row's reference pair is the spec of the kernels."""
-    row = ops.OPS[kind]
+def activation(kind, n=47):
+    """Any activation of the op table: its row's reference pair is the spec of the kernels, with every
+    parameter at a non-default value (tests/support/kind_params.py)."""
+    row, params = ops.OPS[kind], ACTIVATION_EXAMPLES[kind]
     saved = "y" if row.saves == ("output",) else "x"
 
     def kf(t):
         y = np.full(n, np.nan, F32)
-        K.activation_forward(kind, t["x"], y, alpha)
+        K.activation_forward(kind, t["x"], y, params)
         return (y,)
 
     def rb(t, dy):
-        s = row.reference_forward(t["x"], alpha) if saved == "y" else t["x"]
-        return {"x": row.reference_backward(s, dy, alpha)}
+        s = row.reference_forward(t["x"], *params) if saved == "y" else t["x"]
+        return {"x": row.reference_backward(s, dy, *params)}
 
     def kb(t, dy, grads, acc):
         s = kf(t)[0] if saved == "y" else t["x"]
-        K.activation_backward(kind, s, dy, grads["x"], alpha, acc)
+        K.activation_backward(kind, s, dy, grads["x"], params, acc)
 
-    return Prim(f"{kind.value}_saves_{saved}", {"x": (n,)}, lambda t: (row.reference_forward(t["x"], alpha),),
+    return Prim(f"{kind.value}_saves_{saved}", {"x": (n,)}, lambda t: (row.reference_forward(t["x"], *params),),
                 kf, rb, kb, ("x",), makers={"x": _spread})
 
 

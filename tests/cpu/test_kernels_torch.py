@@ -15,6 +15,7 @@ import pytest
 from cpu_ref import kernels as K
 from planner import ops
 from planner import reference as R
+from tests.support.kind_params import TORCH_NAMES, examples, in_attrs_order
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed: parity tests need it (pip install torch==2.13.0)")
 F = torch.nn.functional
@@ -84,28 +85,33 @@ def batchnorm_eval(m, c, eps=1e-5):
 # activations whose float64 twin is not ``F.<kind>`` itself: F.hardsigmoid's float64 backward multiplies by
 # the float32 constant 1/6 (relative error 3e-8, above this comparison's 1e-10), so its definition is used;
 # the fp32 kernel is checked against F.hardsigmoid itself in test_se_ops_torch.py
-TORCH_TWINS = {ops.Prim.HARDSIGMOID: lambda x: F.relu6(x + 3) / 6}
+# F.celu's float64 kernel divides by alpha through 1/alpha rounded to float32 (relative error 1.3e-7 at
+# alpha 1.7), so its definition is used; F.celu itself is the oracle of tests/cpu/test_parameterised_kinds.py
+TORCH_TWINS = {ops.Prim.HARDSIGMOID: lambda x: F.relu6(x + 3) / 6,
+               ops.Prim.CELU: lambda x, alpha: torch.where(x > 0, x, alpha * torch.expm1(x / alpha))}
 
 
-def torch_activation(kind, alpha):
-    """PyTorch's twin of an op-table activation: ``torch.nn.functional.<kind>``, with the row's one scalar
-    parameter (leaky_relu's slope) as its second argument. A new activation whose name differs from
-    PyTorch's needs a mapping here (``TORCH_TWINS``)."""
-    if kind in TORCH_TWINS:
-        return TORCH_TWINS[kind]
-    fn = getattr(F, kind.value)
-    return (lambda x: fn(x, alpha)) if ops.OPS[kind].attrs else fn
+def torch_activation(kind, params: dict):
+    """PyTorch's twin of an op-table activation: ``torch.nn.functional.<kind>``, with the row's parameters as
+    keyword arguments of the same names (elu's ``alpha``; leaky_relu's ``slope`` is PyTorch's
+    ``negative_slope``). A new activation whose name differs from PyTorch's needs a mapping here
+    (``TORCH_TWINS``)."""
+    fn = TORCH_TWINS.get(kind) or getattr(F, kind.value)
+    rename = {} if kind in TORCH_TWINS else TORCH_NAMES
+    keywords = {rename.get(name, name): value for name, value in params.items()}
+    return lambda x: fn(x, **keywords)
 
 
-def activation(kind, n=60, alpha=0.1):
-    row = ops.OPS[kind]
+def activation(kind, n=60):
+    row, values = ops.OPS[kind], examples(kind)   # every parameter at a non-default value
+    params = in_attrs_order(kind, values)
 
     def ours_grad(t, dy):
-        y = row.reference_forward(t["x"], alpha)
-        return {"x": row.reference_backward(y if row.saves == ("output",) else t["x"], dy, alpha)}
+        y = row.reference_forward(t["x"], *params)
+        return {"x": row.reference_backward(y if row.saves == ("output",) else t["x"], dy, *params)}
 
-    theirs = torch_activation(kind, alpha)
-    return Parity(kind.value, {"x": (n,)}, lambda t: row.reference_forward(t["x"], alpha), ours_grad,
+    theirs = torch_activation(kind, values)
+    return Parity(kind.value, {"x": (n,)}, lambda t: row.reference_forward(t["x"], *params), ours_grad,
                   lambda t: theirs(t["x"]), ("x",), {"x": lambda rng, shape: 4 * rng.standard_normal(shape)})
 
 

@@ -50,11 +50,11 @@ def test_a_new_activation_row_gets_cuda_kernels_with_no_other_edit(with_square, 
     rng = np.random.default_rng(5)
     x, dy, dx0 = ((rng.standard_normal(37) * 2).astype(np.float16) for _ in range(3))
     y = cuda.to_device(np.full(x.size, np.nan, np.float16))
-    _elementwise.activation_forward(Immediate(), ToyPrim.SQUARE, cuda.to_device(x), y, 0.1)
+    _elementwise.activation_forward(Immediate(), ToyPrim.SQUARE, cuda.to_device(x), y)
     want = SQUARE_ROW.reference_forward(x.astype(np.float64))
     np.testing.assert_allclose(y.copy_to_host(), want, rtol=FP16_HALF_ULP, atol=2.0 ** -25)   # the fp16 store's rounding
     dx = cuda.to_device(dx0)
-    _elementwise.activation_backward(Immediate(), ToyPrim.SQUARE, cuda.to_device(x), cuda.to_device(dy), dx, 0.1,
+    _elementwise.activation_backward(Immediate(), ToyPrim.SQUARE, cuda.to_device(x), cuda.to_device(dy), dx, (),
                                      accumulate)
     want = SQUARE_ROW.reference_backward(x.astype(np.float64), dy.astype(np.float64)) + (dx0 if accumulate else 0)
     np.testing.assert_allclose(dx.copy_to_host(), want, rtol=2 * FP16_HALF_ULP, atol=FP16_HALF_ULP * np.abs(want).max())

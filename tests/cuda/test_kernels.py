@@ -27,6 +27,7 @@ from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwi
 from cuda_kernels._collective import _ReducingCollectives
 from cuda_kernels._registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
+from tests.support.kind_params import ACTIVATION_EXAMPLES
 
 # The simulator computes in numpy scalars: the dropout hash's wrapping uint64 products and
 # the inf/nan of the overflow tests raise RuntimeWarnings that the GPU does not.
@@ -40,16 +41,16 @@ run = functools.partial(replay, launched=LAUNCHED)
 # ---------------------------------------------------------------------------- elementwise
 
 def case_activation(rng, prim, accumulate):
-    row = OPS[prim]
+    row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # every parameter at a non-default value
     x = np.concatenate([half(rng, 58, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
     y = garbage(x.shape, np.float16)
-    run(lambda t: _elementwise.activation_forward(t, prim, dev(x), y, alpha=0.1))
-    check("y", y, row.reference_forward(f64(x), 0.1), "fp16")
+    run(lambda t: _elementwise.activation_forward(t, prim, dev(x), y, params))
+    check("y", y, row.reference_forward(f64(x), *params), "fp16")
     saved = y.copy_to_host() if row.saves == ("output",) else x
     dy, dx0 = half(rng, x.shape), half(rng, x.shape)
     dx = dev(dx0)
-    run(lambda t: _elementwise.activation_backward(t, prim, dev(saved), dev(dy), dx, 0.1, accumulate))
-    expected = row.reference_backward(f64(saved), f64(dy), 0.1) + (f64(dx0) if accumulate else 0)
+    run(lambda t: _elementwise.activation_backward(t, prim, dev(saved), dev(dy), dx, params, accumulate))
+    expected = row.reference_backward(f64(saved), f64(dy), *params) + (f64(dx0) if accumulate else 0)
     check("dx", dx, expected, "fp16")
 
 

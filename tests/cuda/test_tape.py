@@ -47,9 +47,9 @@ def test_tape_rejects_host_arrays_and_wrong_scalar_types():
     with pytest.raises(TypeError, match="host numpy array"):
         _elementwise.activation_forward(tape, Prim.RELU, np.zeros(8, np.float16), y)
     spec = _elementwise.ACTIVATION_KERNELS[Prim.RELU].forward
-    with pytest.raises(TypeError, match="'alpha' expects float32, got float64"):
-        tape.launch(spec, 1, 32, cuda.device_array(8, np.float16), y, 0.1)
-    with pytest.raises(TypeError, match="expects 3 arguments"):
+    with pytest.raises(TypeError, match="'a' expects float32, got float64"):
+        tape.launch(spec, 1, 32, cuda.device_array(8, np.float16), y, 0.1, np.float32(0))
+    with pytest.raises(TypeError, match="expects 4 arguments"):
         Immediate().launch(spec, 1, 32, y, y)
     assert len(tape) == 0
 

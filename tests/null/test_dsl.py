@@ -1,6 +1,7 @@
 """The DSL: one table of every factory drives construction, validation, immutability, equality
 and the repr round trip; Hypothesis trees check the same properties on random networks."""
 import dataclasses
+import math
 import re
 
 import pytest
@@ -15,6 +16,8 @@ from blueprint import (
 )
 from planner.ops import ACTIVATIONS, OPS
 
+from tests.support.kind_params import PARAMETERISED, defaults, examples, factory, record_fields  # noqa: E402
+
 DSL_NAMESPACE: dict = {}
 exec("from blueprint import *", DSL_NAMESPACE)
 
@@ -27,6 +30,33 @@ def call(*args, **kwargs):
 
 def bad(exception, fragment, *args, **kwargs):
     return args, kwargs, exception, fragment
+
+
+def _outside(spec):
+    """A value just outside what the field accepts, and the start of the message naming the range."""
+    if "int" in spec.metadata:
+        return spec.metadata["int"] - 1, f"{spec.name} must be"
+    low, high, low_open, high_open = spec.metadata["float"]
+    value = (low if low_open else low - 0.5) if math.isfinite(low) else (high if high_open else high + 0.5)
+    if not math.isfinite(value):
+        return None, ""   # every finite float is accepted
+    return value, f"{spec.name} must be in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}, got"
+
+
+def parameterised_calls(prim):
+    """Valid: the defaults, every parameter at its example (positionally and by name); invalid: each
+    parameter just outside its range, and of the wrong type."""
+    values = examples(prim)
+    valid = [call(), call(*values.values())]   # distinct values (test_different_arguments_give_different_values)
+    if len(values) > 1:   # one parameter changed by name, the rest default
+        valid += [call(**{name: value}) for name, value in values.items()]
+    invalid = []
+    for spec in record_fields(prim):
+        outside, fragment = _outside(spec)
+        if outside is not None:
+            invalid.append(bad(ValueError, fragment, **{spec.name: outside}))
+        invalid.append(bad(TypeError, f"{spec.name} must be a", **{spec.name: "1"}))
+    return valid, invalid
 
 
 # factory -> (valid calls, invalid calls with the exception and a fragment of its message)
@@ -78,10 +108,8 @@ FACTORIES = {
           bad(TypeError, "momentum must be a finite float, got True", momentum=True)]),
     # every activation of the op table without parameters: a factory that takes none
     **{getattr(blueprint, kind.value): ([call()], []) for kind in ACTIVATIONS if not OPS[kind].attrs},
-    leaky_relu: ([call(), call(0.2), call(0)],
-                 [bad(ValueError, "slope must be in [0.0, 1.0), got 1", 1),
-                  bad(ValueError, "slope must be in [0.0, 1.0)", -0.5),
-                  bad(TypeError, "slope must be a finite float", "0.1")]),
+    # every parameterised kind (leaky_relu, elu, celu, softplus, prelu, ...): calls built from its record
+    **{factory(prim): parameterised_calls(prim) for prim in PARAMETERISED},
     drop_path: ([call(0.2), call(0), call(0.999)],
                 [bad(ValueError, "p must be in [0.0, 1.0), got 1.0", 1.0),
                  bad(TypeError, "p must be a finite float, got True", True)]),
@@ -303,12 +331,14 @@ LEAVES = st.one_of(
     st.tuples(st.just("group_conv"), st.tuples(st.integers(1, 8), st.integers(1, 8), window)
               .map(lambda a: (a[0] * a[1], a[1], *a[2]))),
     st.tuples(st.just("bn"), st.tuples(st.floats(0.0, 1.0), st.floats(1e-8, 1.0))),
-    st.tuples(st.sampled_from(["relu", "relu6", "sigmoid", "tanh", "silu", "hardswish", "gelu", "hardsigmoid",
-                               "flatten", "gap"]), st.just(())),
+    st.tuples(st.sampled_from([kind.value for kind in ACTIVATIONS if not OPS[kind].attrs] + ["flatten", "gap"]),
+              st.just(())),
+    # every parameterised kind of the op table, at its defaults or its examples
+    st.sampled_from(PARAMETERISED).flatmap(lambda prim: st.tuples(
+        st.just(prim.value), st.sampled_from([tuple(defaults(prim).values()), tuple(examples(prim).values())]))),
     st.tuples(st.just("drop_path"), st.tuples(unit_open)),
     st.tuples(st.just("se"), st.tuples(st.one_of(small, st.floats(0.01, 1.0)), st.sampled_from(["sigmoid", "hardsigmoid"]),
                                        st.sampled_from(["relu", "silu"]))),
-    st.tuples(st.just("leaky_relu"), st.tuples(unit_open)),
     st.tuples(st.just("dropout"), st.tuples(unit_open)),
     st.tuples(st.sampled_from(["fc", "gap_fc"]), st.tuples(small, st.booleans())),
     st.tuples(st.sampled_from(["maxpool", "avgpool"]), window),
@@ -404,3 +434,10 @@ def _preorder_depths(layer: Layer, depth: int = 0):
     yield depth, layer
     for child in layer.children:
         yield from _preorder_depths(child, depth + 1)
+
+
+def test_hardtanh_refuses_an_empty_range():
+    """The one check between two parameters, which the records' per-field ranges cannot state."""
+    with pytest.raises(ValueError, match=r"hardtanh\(\): min_val must be smaller than max_val, got 1.0 and 1.0"):
+        blueprint.hardtanh(1.0, 1.0)
+    assert blueprint.hardtanh(-2.0, -1.5) == blueprint.hardtanh(min_val=-2.0, max_val=-1.5)

@@ -13,6 +13,7 @@ from planner.kernel_table import KernelTable, MissingKernelError, NotOnPathError
 from planner.ops import ACTIVATIONS, OPS, TRAIN, OpRow, Prim
 
 from tests.support.every_kind import every_kind, every_kind_plan  # noqa: E402
+from tests.support.kind_params import ACTIVATION_EXAMPLES, PARAMETERISED, defaults, examples, record_fields  # noqa: E402
 
 
 @pytest.mark.parametrize("prim", list(Prim), ids=str)
@@ -42,12 +43,36 @@ def test_activations_are_derived_from_the_rows_in_table_order():
 @pytest.mark.parametrize("prim", ACTIVATIONS, ids=str)
 def test_activation_reference_backward_is_the_derivative_of_its_forward(prim):
     """The pair of every activation row agrees with central differences in float64, away from kinks."""
-    row = OPS[prim]
+    row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # parameters at non-default values
     x = np.array([-4.1, -2.7, -1.3, -0.4, 0.35, 1.2, 2.6, 4.3, 6.7])
     eps = 1e-6
-    numeric = (row.reference_forward(x + eps, 0.1) - row.reference_forward(x - eps, 0.1)) / (2 * eps)
-    saved = row.reference_forward(x, 0.1) if row.saves == ("output",) else x
-    np.testing.assert_allclose(row.reference_backward(saved, np.ones_like(x), 0.1), numeric, rtol=1e-6, atol=1e-8)
+    numeric = (row.reference_forward(x + eps, *params) - row.reference_forward(x - eps, *params)) / (2 * eps)
+    saved = row.reference_forward(x, *params) if row.saves == ("output",) else x
+    np.testing.assert_allclose(row.reference_backward(saved, np.ones_like(x), *params), numeric, rtol=1e-6,
+                               atol=1e-8)
+
+
+@pytest.mark.parametrize("slopes", [1, 3], ids=["shared", "per-channel"])
+def test_prelu_reference_backward_is_the_derivative_of_its_forward(slopes):
+    rng = np.random.default_rng(2)
+    x, dy, w = rng.standard_normal((2, 2, 2, 3)), rng.standard_normal((2, 2, 2, 3)), rng.uniform(0.1, 0.9, slopes)
+    dx, dw = OPS[Prim.PRELU].reference_backward(x, w, dy)
+    eps = 1e-6
+    loss = lambda x_, w_: float((OPS[Prim.PRELU].reference_forward(x_, w_) * dy).sum())
+    for k in range(slopes):
+        step = np.eye(slopes)[k] * eps
+        assert abs((loss(x, w + step) - loss(x, w - step)) / (2 * eps) - dw[k]) < 1e-7
+    np.testing.assert_allclose(dx, np.where(x > 0, dy, w * dy))
+
+
+def test_every_parameterised_kind_declares_its_parameters_with_a_non_default_example():
+    """What the executor tests run each parameterised kind at (tests/support/kind_params.py) comes from here."""
+    assert {Prim.LEAKY_RELU, Prim.ELU, Prim.CELU, Prim.SOFTPLUS, Prim.PRELU} <= set(PARAMETERISED)
+    assert {prim for prim in ACTIVATIONS if OPS[prim].attrs} <= set(PARAMETERISED)
+    for prim in PARAMETERISED:
+        assert {f.name for f in record_fields(prim)} == set(OPS[prim].attrs), prim   # the record's fields are the attrs
+        for name, value in examples(prim).items():
+            assert value != defaults(prim)[name], (prim, name)
 
 
 @pytest.mark.parametrize("name", ["resnet50", "mobilenet_v2", "vgg11_bn", "mlp"])
@@ -144,3 +169,12 @@ def test_check_plan_can_be_limited_to_the_directions_a_path_runs():
     table.check_plan(plan, ("forward",))
     with pytest.raises(MissingKernelError, match="no (loss|backward) implementation"):
         table.check_plan(plan)
+
+
+def test_a_parameter_the_layer_does_not_carry_raises_instead_of_a_default():
+    """The bug this guards against: handlers read every activation's parameter as leaky_relu's "slope", and
+    elu ran with the default whatever its alpha."""
+    elu = next(layer for layer in every_kind_plan().arch.layers if layer.kind == Prim.ELU)
+    assert elu.param("alpha") == 1.0
+    with pytest.raises(KeyError, match=r"the elu layer has no parameter 'slope', only \['alpha'\]"):
+        elu.param("slope")

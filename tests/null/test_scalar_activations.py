@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from planner import scalar_activations as S
-from planner.ops import ACTIVATIONS, OPS, Prim
+from planner.ops import ACTIVATION_SLOTS, ACTIVATIONS, OPS, Prim
+
+from tests.support.kind_params import ACTIVATION_EXAMPLES  # noqa: E402
 
 CALLABLE_IN_A_BODY = {"min", "max"}            # besides math.<function>
 # away from every kink (0, +-3, 6): the reference and the body agree there without a convention
@@ -31,7 +33,13 @@ def test_every_activation_row_and_only_those_name_a_pair_of_this_module():
         pair = (row.scalar_forward, row.scalar_backward)
         if row.activation:
             assert all(fn.__module__ == S.__name__ for fn in pair), prim
-            assert [len(inspect.signature(fn).parameters) for fn in pair] == [2, 3], prim   # f(x, alpha), grad(s, dy, alpha)
+            # f(x, a, b), grad(saved, dy, a, b): the slots named after the row's attrs, in order, the rest unused
+            slots = [list(inspect.signature(fn).parameters)[-ACTIVATION_SLOTS:] for fn in pair]
+            counts = [len(inspect.signature(fn).parameters) for fn in pair]
+            assert counts == [1 + ACTIVATION_SLOTS, 2 + ACTIVATION_SLOTS], prim
+            for names in slots:
+                assert tuple(names[:len(row.attrs)]) == row.attrs, (prim, names)
+                assert all(name.startswith("_") for name in names[len(row.attrs):]), (prim, names)
         else:
             assert pair == (None, None), prim
 
@@ -55,14 +63,15 @@ def test_a_body_calls_only_math_min_max_and_reads_only_float32_constants(prim, f
 
 @pytest.mark.parametrize("prim", ACTIVATIONS, ids=str)
 def test_the_bodies_agree_with_the_numpy_reference(prim):
-    row, alpha = OPS[prim], np.float32(0.1)
+    row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # every parameter at a value other than its default
+    slots = tuple(np.float32(v) for v in params) + (np.float32(0),) * (ACTIVATION_SLOTS - len(params))
     x = POINTS.astype(np.float64)
-    want_y = row.reference_forward(x, 0.1)
-    got_y = np.array([row.scalar_forward(v, alpha) for v in POINTS], np.float64)
+    want_y = row.reference_forward(x, *params)
+    got_y = np.array([row.scalar_forward(v, *slots) for v in POINTS], np.float64)
     dy = np.float32(-1.7)
     saved = want_y.astype(np.float32) if row.saves == ("output",) else POINTS
-    want_dx = row.reference_backward(saved.astype(np.float64), float(dy), 0.1)
-    got_dx = np.array([row.scalar_backward(s, dy, alpha) for s in saved], np.float64)
+    want_dx = row.reference_backward(saved.astype(np.float64), float(dy), *params)
+    got_dx = np.array([row.scalar_backward(s, dy, *slots) for s in saved], np.float64)
     # a few float32 roundings; values that cancel (gelu's tail) meet the bound relative to the largest
     for got, want in ((got_y, want_y), (got_dx, want_dx)):
         np.testing.assert_allclose(got, want, rtol=8 * F32_EPS, atol=8 * F32_EPS * np.abs(want).max())

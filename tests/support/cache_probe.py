@@ -48,12 +48,12 @@ def pair(folder: str) -> dict:
     spec.loader.exec_module(module)
     kernels = pointwise(dataclasses.replace(SQUARE_ROW, scalar_forward=module.pair, scalar_backward=module.pair_grad))
     x = np.linspace(-2, 2, 9, dtype=np.float32)
-    dy, alpha = np.ones_like(x), np.float32(0)
+    dy, a, b = np.ones_like(x), np.float32(0), np.float32(0)
     out = {name: np.zeros_like(x) for name in ("y_span", "y_parallel", "dx_span", "dx_parallel")}
-    kernels.forward[0](x, out["y_span"], alpha, 0, 1)
-    kernels.forward[1](x, out["y_parallel"], alpha, 2)
-    kernels.backward[0](x, dy, out["dx_span"], alpha, False, 0, 1)
-    kernels.backward[1](x, dy, out["dx_parallel"], alpha, False, 2)
+    kernels.forward[0](x, out["y_span"], a, b, 0, 1)
+    kernels.forward[1](x, out["y_parallel"], a, b, 2)
+    kernels.backward[0](x, dy, out["dx_span"], a, b, False, 0, 1)
+    kernels.backward[1](x, dy, out["dx_parallel"], a, b, False, 2)
     return {name: values.tolist() for name, values in out.items()}
 
 

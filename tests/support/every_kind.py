@@ -7,7 +7,7 @@ activations join by themselves (their DSL factory has the kind's name).
 """
 import blueprint
 from blueprint import (BluePrint, add2, avgpool, bn, channel_padding, conv, drop_path, dropout, fc, flatten, gap,
-                       identity, maxpool, relu, se, seq)
+                       identity, maxpool, prelu, relu, se, seq)
 from planner.ops import ACTIVATIONS
 
 IN_CHANNELS = 3
@@ -17,11 +17,11 @@ INPUT_SHAPE = (2, 8, 8, IN_CHANNELS)   # (N, H, W, C) of the train and eval vari
 def every_kind() -> BluePrint:
     pointwise = [getattr(blueprint, kind.value)() for kind in ACTIVATIONS]   # each DSL factory is named as its kind
     return BluePrint(seq(
-        conv(8, 3, 1, 1), bn(), relu(), *pointwise, dropout(0.25),
+        conv(8, 3, 1, 1), bn(), relu(), *pointwise, prelu(8), dropout(0.25),
         add2(identity(), seq(conv(8, 3, 1, 1), bn(), drop_path(0.5))),
         se(4),   # gap -> fc -> relu -> fc -> sigmoid -> channel_mul
         maxpool(2, 2), avgpool(2, 2, 1), channel_padding(16),
-        add2(seq(gap(), fc(12)), seq(flatten(), fc(12, bias=False))), bn(), relu(), fc(5),
+        add2(seq(gap(), fc(12)), seq(flatten(), fc(12, bias=False))), bn(), prelu(), fc(5),
     ), "every_kind")
 
 
