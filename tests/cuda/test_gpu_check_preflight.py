@@ -1,10 +1,9 @@
-"""`gpu_check.py`'s first-run safety, in the simulator with stand-ins for what only a GPU has: the preflight
-(``_gpu_preflight``: each GPU-only assumption tried alone, PASS / FAIL / SKIP with the error), a crashed
+"""`benchmarks.gpu.check`'s first-run safety, in the simulator with stand-ins for what only a GPU has: the preflight
+(``benchmarks.gpu.preflight``: each GPU-only assumption tried alone, PASS / FAIL / SKIP with the error), a crashed
 unit's traceback in its record, and a time limit's SIGTERM recorded as "interrupted" with the summary."""
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,14 +11,11 @@ import pytest
 from cuda.bindings import driver
 from numba import cuda
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from benchmarks import _gpu_preflight  # noqa: E402
-from benchmarks._gpu_preflight import CHECKS, Check, preflight  # noqa: E402
-from benchmarks._gpu_protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm  # noqa: E402
-from cuda_kernels import _dynamic_smem, _graph  # noqa: E402
+from benchmarks.gpu import preflight as gpu_preflight
+from benchmarks.gpu.preflight import CHECKS, Check, preflight
+from benchmarks.gpu.protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm
+from cuda_kernels import _dynamic_smem, _graph
 
 ATTRIBUTE = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]   # the simulator's dropout hash
@@ -74,7 +70,7 @@ def test_every_preflight_check_passes_on_the_stand_ins_and_the_kernels_equal_num
     checks = {c["name"]: c for c in record["checks"]}
     assert list(checks) == ["stream", "handle", "shared-limit", "mma-forward", "mma-dynamic", "graph"]
     assert all(c["status"] == "PASS" for c in checks.values()), checks
-    wide = _gpu_preflight._wide_dgrad_spec()
+    wide = gpu_preflight._wide_dgrad_spec()
     assert checks["handle"]["detail"] == f"{wide.name}: CUkernel 0x5a on device 0"
     assert checks["shared-limit"]["detail"] == (f"{wide.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES = "
                                                 f"{wide.dynamic_shared_bytes} (read back); sm_90 opts in to 232448 "
@@ -180,14 +176,14 @@ def test_sigterm_records_the_running_unit_as_interrupted_and_stops_the_run(tmp_p
 
 @pytest.mark.parametrize("mode", [["--quick"], []], ids=["quick", "full"])
 def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(tmp_path, monkeypatch, mode):
-    from benchmarks import gpu_check
+    from benchmarks.gpu import check as gpu_check
 
     def first_section(out, failures):
         out.write("compile", "ok")
         with Unit(out, "step-check tiny", failures):
             raise Interrupted("SIGTERM received (stand-in)")
     monkeypatch.setattr(gpu_check.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_check, "_versions", lambda out, failures: out.write("versions", "ok"))
+    monkeypatch.setattr(gpu_check, "write_versions", lambda out, failures: out.write("versions", "ok"))
     monkeypatch.setattr(gpu_check, "preflight", lambda out, failures: out.write("preflight", "ok"))
     monkeypatch.setattr(gpu_check, "run_quick", lambda out, budget, failures, *rest: first_section(out, failures))
     monkeypatch.setattr(gpu_check, "new_stream", lambda: "stream")

@@ -1,4 +1,4 @@
-"""`benchmarks/gpu_check.py --dry-run`, the CPU-side self-test of the GPU check, run as CI runs it.
+"""`python -m benchmarks.gpu.check --dry-run`, the CPU-side self-test of the GPU check, run as CI runs it.
 
 The dry run needs no GPU and no CUDA simulator: it type-checks every kernel launch of the kernel
 sections against the kernel table, compiles the plans of the whole-step sections (step-check,
@@ -45,14 +45,14 @@ def _env():
 
 @pytest.fixture(scope="module")
 def dry_run():
-    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=REPO, env=_env(),
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu.check", "--dry-run"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "quick.jsonl"
-    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json", str(out)],
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gpu.check", "--dry-run", "--quick", "--json", str(out)],
                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     return run, records
@@ -129,7 +129,7 @@ def test_a_killed_run_keeps_every_finished_record(tmp_path):
     """Killed (SIGKILL, no clean-up) right after its second record was announced: the file holds at
     least those records, each a complete JSON line, the versions record first."""
     out = tmp_path / "killed.jsonl"
-    process = subprocess.Popen([sys.executable, "-u", "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json",
+    process = subprocess.Popen([sys.executable, "-u", "-m", "benchmarks.gpu.check", "--dry-run", "--quick", "--json",
                                 str(out)], cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     seen = []

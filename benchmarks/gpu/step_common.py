@@ -5,7 +5,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
@@ -52,10 +51,7 @@ class StepModel:
 
 def torch_models():
     """tests/support/torch_models.py (torchvision's definitions, and CIFAR nets of its blocks)."""
-    support = str(Path(__file__).resolve().parents[1] / "tests" / "support")
-    if support not in sys.path:
-        sys.path.insert(0, support)
-    import torch_models
+    from tests.support import torch_models   # run from the repository root (python -m benchmarks.gpu.check)
     return torch_models
 
 

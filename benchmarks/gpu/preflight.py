@@ -249,7 +249,7 @@ def preflight(out, failures, checks=CHECKS):
     """Make a stream, run every check on it (on the legacy default stream if none could be made), print each
     verdict, write one "preflight" record; a FAIL is a failure of the run (named in ``failures``), and the run
     goes on with its sections. Returns the checks' results."""
-    from ._gpu_protocol import Unit
+    from .protocol import Unit
     with Unit(out, "preflight", failures) as unit:
         made, results = {}, []
         for check in (_stream_check(made),) + tuple(checks):

@@ -144,7 +144,7 @@ class Interrupted(BaseException):
 
 
 def interrupt_on_sigterm():
-    """From now on SIGTERM raises ``Interrupted`` in the main thread (``gpu_check.main`` installs it)."""
+    """From now on SIGTERM raises ``Interrupted`` in the main thread (``check.main`` installs it)."""
     import signal
 
     def stop(signum, frame):
@@ -175,7 +175,7 @@ class Unit:
         seconds = time.time() - self.started
         if error is not None:
             if isinstance(error, Exception):
-                from ._gpu_step_common import report_crash
+                from .step_common import report_crash
                 report_crash(self.name, error, self.failures)
             why = {"error": f"{type(error).__name__}: {error}", "traceback": traceback_tail(error)}
             self.out.write(self.name, "crashed" if isinstance(error, Exception) else "interrupted", seconds,

@@ -1,13 +1,13 @@
-"""``gpu_check.py --quick``: the first run on a short-lived GPU, in this order, inside a 240 s budget
+"""``benchmarks.gpu.check --quick``: the first run on a short-lived GPU, in this order, inside a 240 s budget
 that counts every cold JIT compile:
 
-    versions -> preflight (gpu_check.main: each GPU-only assumption alone, PASS / FAIL; _gpu_preflight)
+    versions -> preflight (check.main: each GPU-only assumption alone, PASS / FAIL; preflight.py)
     -> compile (every kernel of the table, timed) -> step-check resnet20 (vs the fp32 CPU path)
     -> graph-vs-eager resnet20 -> step-timing resnet18-cifar b256 (ours eager + graph, PyTorch eager
     AMP channels_last) -> breakdown (per-kernel time of one step) -> torch.compile (only with time
     left) -> summary (the line to paste)
 
-Each unit writes one JSON Lines record when it ends (``_gpu_protocol.RecordWriter``). With
+Each unit writes one JSON Lines record when it ends (``protocol.RecordWriter``). With
 ``--dry-run`` the same units run on the CPU: the compile unit compiles every kernel to PTX (the
 source of the compile-time estimate), the step units compile their plans and record their steps as
 the executor does, the breakdown runs the same timed replay over the recorded step's entries with
@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 from cuda_kernels._registry import SIMULATOR
 
-from ._gpu_layers import format_layers, per_layer
-from ._gpu_protocol import (Unit, format_breakdown, paste_line, summed_by_kind, timed_replay, versions_line,
+from .layers import format_layers, per_layer
+from .protocol import (Unit, format_breakdown, paste_line, summed_by_kind, timed_replay, versions_line,
                             versions_record)
-from ._gpu_step_common import (CHECK_MODELS, MIB, REPLAY_MODELS, REPLAY_STEPS, SECTION_RESERVE_S, TIMED_S,
+from .step_common import (CHECK_MODELS, MIB, REPLAY_MODELS, REPLAY_STEPS, SECTION_RESERVE_S, TIMED_S,
                                TIMING_LR, TIMING_MODELS, WARMUP_STEPS, compile_step_plan, release_device_memory,
                                sgd, step_batches)
 
@@ -32,10 +32,10 @@ NVVM_TO_DEVICE_JIT = 3.0     # device JIT (NVVM + ptxas + nvJitLink LTO + load) 
 CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (measured: a cold resnet20 first step took 19.1 s on a 2-core machine)
 CUDA_INIT_S = 10.0           # CUDA context, cuda.core, PyTorch import and its CUDA init
 TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and the first steps of PyTorch eager
-PREFLIGHT_S = 10.0           # gpu_check's preflight (_gpu_preflight.py): two tensor-core kernels' JIT, tiny launches
+PREFLIGHT_S = 10.0           # gpu_check's preflight (preflight.py): two tensor-core kernels' JIT, tiny launches
 
 
-def _versions(out, failures):
+def write_versions(out, failures):
     with Unit(out, "versions", failures) as unit:
         record = versions_record()
         unit.fields.update(record)
@@ -87,15 +87,15 @@ def run_quick(out, budget, failures, skipped, notes):
     """The --quick units on the GPU; returns the summary fields (the paste line's values)."""
     from cpu_ref import CpuExecutor
     from cuda_kernels import CudaExecutor
-    from ._gpu_steps import _step_check_one, _step_replay_one
-    from ._gpu_timing import format_timing_table, step_timing, torch_compile_column
+    from .steps import step_check_one, step_replay_one
+    from .timing import format_timing_table, step_timing, torch_compile_column
     summary = {}
     _compile(out, failures, dry=False)
     for name, need, run in (
             (f"step-check {QUICK_CHECK.name}", SECTION_RESERVE_S,
-             lambda: _step_check_one(QUICK_CHECK, CpuExecutor, CudaExecutor, failures)),
+             lambda: step_check_one(QUICK_CHECK, CpuExecutor, CudaExecutor, failures)),
             (f"graph-vs-eager {QUICK_REPLAY.name}", SECTION_RESERVE_S,
-             lambda: _step_replay_one(QUICK_REPLAY, CudaExecutor, failures))):
+             lambda: step_replay_one(QUICK_REPLAY, CudaExecutor, failures))):
         if not budget.allows(need, name, skipped):
             out.write(name, "not-run", reason=skipped[-1])
             continue
@@ -194,7 +194,7 @@ class HostClockEvent:
 
 def dry_run_quick(out, failures):
     """The --quick units on the CPU (no device, no simulator); prints the GPU run's estimate."""
-    from ._gpu_dry import _EventStandIn, dry_record_train_step, dry_run_torch
+    from .dry import EventStandIn, dry_record_train_step, dry_run_torch
     measured = {}
     measured["compile"] = _compile(out, failures, dry=True)
     plans, launches, orders, entries = {}, {}, {}, {}
@@ -217,7 +217,7 @@ def dry_run_quick(out, failures):
                 dry_run_torch([model], plans, launches)
     with Unit(out, f"breakdown {QUICK_TIMING.name}", failures, status="dry") as unit:
         step = entries[QUICK_TIMING.name]
-        timed = timed_replay(step, None, _EventStandIn)
+        timed = timed_replay(step, None, EventStandIn)
         rows = summed_by_kind(timed)
         label = ("STAND-IN: no device in the dry run; the entries are the recorded step's, every time is 0 "
                  "(timed_replay with stand-in events)")
@@ -265,7 +265,7 @@ def quick_estimate(measured):
               3.5 * TIMED_S + TIMED_S + TORCH_WARMUP_S),
              ("breakdown: one eager step with events (assumed 2 s)", 2.0)]
     total = sum(seconds for _, seconds in terms)
-    lines = ["estimate of `gpu_check.py --quick` on the GPU (a PREDICTION from this dry run, not a measurement):"]
+    lines = ["estimate of `benchmarks.gpu.check --quick` on the GPU (a PREDICTION from this dry run, not a measurement):"]
     lines += [f"  {seconds:6.1f} s  {what}" for what, seconds in terms]
     verdict = "fits" if total <= QUICK_BUDGET_S else "DOES NOT FIT"
     lines.append(f"  {total:6.1f} s  total, {verdict} the {QUICK_BUDGET_S} s budget (torch.compile runs only if time "
