@@ -39,7 +39,8 @@ from .kernels import cross_check, graph_check, timing_table
 from .preflight import preflight
 from .protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm
 from .quick import QUICK_BUDGET_S, write_versions, dry_run_quick, run_quick, summary_line
-from .step_common import DEFAULT_BUDGET_S, SECTION_TITLES, STEP_SECTIONS, Budget, step_selection
+from .budget import Budget
+from .step_common import DEFAULT_BUDGET_S, SECTION_TITLES, STEP_SECTIONS, step_selection
 from .steps import step_check, step_replay
 from .timing import step_timing, timing_targets
 from .ddp import SECTION, data_parallel
@@ -112,7 +113,7 @@ def main(argv=None):
     if args.quick and args.only:
         raise SystemExit("benchmarks.gpu.check: --quick runs a fixed list of units; drop --only (or --quick)")
     started = time.time()
-    budget = Budget(args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S), started)
+    budget = Budget(args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S))
     out = RecordWriter(args.json)
     failures, skipped, notes, summary = [], [], [], {}
     interrupt_on_sigterm()   # a time limit's SIGTERM: the unit running records "interrupted", then the summary

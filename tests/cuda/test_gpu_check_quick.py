@@ -20,7 +20,8 @@ def tiny():
 def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path, monkeypatch):
     from benchmarks.gpu import quick, steps, timing
     from benchmarks.gpu.protocol import RecordWriter
-    from benchmarks.gpu.step_common import Budget, StepModel
+    from benchmarks.gpu.budget import Budget, FrozenClock
+    from benchmarks.gpu.step_common import StepModel
     from cuda_kernels import _graph
 
     def refuse(kernels):
@@ -34,7 +35,7 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     monkeypatch.setattr(steps, "REPLAY_STEPS", 2)
     out = RecordWriter(str(tmp_path / "quick.jsonl"))
     failures, skipped, notes = [], [], []
-    summary = quick.run_quick(out, Budget(240), failures, skipped, notes)
+    summary = quick.run_quick(out, Budget(240, clock=FrozenClock()), failures, skipped, notes)
     out.close()
     records = {r["unit"]: r for r in map(json.loads, (tmp_path / "quick.jsonl").read_text().splitlines())}
     assert list(records) == ["compile", "step-check tiny", "graph-vs-eager tiny", "step-timing tiny",
