@@ -24,6 +24,8 @@ import numpy as np
 from numba import cuda
 from numba.cuda import types as nbt
 
+from ._compat import jit_kernel
+
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
 F16, F32, I32, U8, U32, U64 = nbt.float16, nbt.float32, nbt.int32, nbt.uint8, nbt.uint32, nbt.uint64
@@ -102,7 +104,7 @@ def kernel(name, signature):
         argnames = tuple(inspect.signature(pyfunc).parameters)
         if len(argnames) != len(signature):
             raise ValueError(f"kernel {name!r}: {len(argnames)} parameters but {len(signature)} types")
-        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), argnames)
+        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc), tuple(signature), argnames)
         KERNELS[name] = spec
         return spec
     return declare

@@ -62,7 +62,7 @@ def check_handle(stream):
     if not isinstance(handle, (driver.CUkernel, driver.CUfunction)) or not isinstance(device, int):
         raise TypeError(f"{spec.name}: expected (CUkernel or CUfunction, int device), got "
                         f"({type(handle).__name__}, {type(device).__name__}) from numba-cuda's "
-                        f"_codelibrary.get_cufunc(); fix _dynamic_smem.loaded_handle")
+                        f"_compat.loaded_handle; fix cuda_kernels/_compat.py")
     return f"{spec.name}: {type(handle).__name__} {int(handle):#x} on device {device}"
 
 
@@ -206,8 +206,8 @@ def check_graph(stream):
 
 
 CHECKS = (
-    Check("handle", "numba-cuda 0.30: kernel.compile(sig)._codelibrary.get_cufunc() -> .handle (CUkernel), "
-                    ".device.id", check_handle),
+    Check("handle", "numba-cuda 0.30: _compat.loaded_handle(kernel.compile(sig)) -> (CUkernel, device id)",
+          check_handle),
     Check("shared-limit", "cuda.bindings 13: cuKernelSetAttribute(attrib, val, kernel, dev) sets "
                           "MAX_DYNAMIC_SHARED_SIZE_BYTES", check_shared_limit),
     Check("mma-forward", "inline-PTX mma.sync / ldmatrix / cp.async kernels run and equal numpy", check_mma_forward),

@@ -80,6 +80,14 @@ def _torch_fields():
     return fields
 
 
+def _cuda_features():
+    """What this install lacks and the fallback taken (``cuda_kernels._compat``), and the excluded tiles."""
+    from cuda_kernels import _compat, _tile_exclusions
+    fields = {name: feature.record() for name, feature in _compat.features().items()}
+    fields["excluded_tiles"] = _tile_exclusions.format_exclusions(_tile_exclusions.EXCLUDED)
+    return fields
+
+
 def versions_record():
     """Everything that decides what the numbers mean; fields that cannot be read here say why."""
     import planner
@@ -89,6 +97,7 @@ def versions_record():
     record.update(_device_fields())
     record.update(_nvidia_smi())
     record["planner_build"] = planner.build_kind()
+    record["cuda_features"] = _cuda_features()
     record["numba_cuda_simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     return record
 

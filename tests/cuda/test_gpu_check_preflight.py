@@ -48,8 +48,8 @@ def gpu_stand_ins(monkeypatch):
         made = cuda.stream()
         made.is_nonblocking = True
         return made
-    monkeypatch.setattr(_gpu_preflight, "SIMULATOR", False)
-    monkeypatch.setattr(_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
+    monkeypatch.setattr(gpu_preflight, "SIMULATOR", False)
+    monkeypatch.setattr(gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
     monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
     monkeypatch.setattr(_dynamic_smem, "loaded_handle", lambda spec: (driver.CUkernel(0x5a), 0))
     monkeypatch.setattr(driver, "cuKernelSetAttribute", set_attribute)
@@ -100,7 +100,7 @@ def test_a_broken_assumption_fails_its_own_check_and_no_unrelated_one(tmp_path, 
         raise RuntimeError("capture refused (stand-in)")
     changes = {"loaded_handle": (_dynamic_smem, "loaded_handle", lambda spec: (0x5a, 0)),
                "get": (driver, "cuKernelGetAttribute", lambda *a: (driver.CUresult.CUDA_SUCCESS, 48 * 1024)),
-               "optin": (_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
+               "optin": (gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
                "capture": (_graph, "capture_graph", refuse),
                "empty graph": (_graph, "capture_graph", lambda kernels: SimpleNamespace(launch=lambda s: None))}
     monkeypatch.setattr(*changes[stand_in])

@@ -1,0 +1,112 @@
+"""The one module that imports cuda.core or numba-cuda's private names: what this install has, and the
+fallback taken where it lacks something (the versions record of benchmarks.gpu reports ``features()``).
+
+    graph-capture      cuda.core >= 1.0: ``cuda.core.Device``, ``cuda.core.graph.GraphBuilder``
+                       missing -> eager replay (one launch per kernel), numba's own streams
+    dynamic-shared     numba-cuda's ``CUDACodeLibrary.get_cufunc`` (no public accessor for a loaded kernel's
+                       handle), to raise MAX_DYNAMIC_SHARED_SIZE_BYTES above 48 KB
+                       missing -> static shared memory only: tiles whose pipeline needs more run SIMT
+    shared-alignment   ``cuda.shared.array(..., alignment=)`` (numba-cuda >= 0.20), which every mma kernel uses
+                       missing -> no tensor-core kernels: every GEMM runs SIMT
+    disk-cache         ``cuda.jit(cache=True)``, only when ``BLUEPRINT_CUDA_CACHE=1`` (benchmarks/gpu/first_run.sh
+                       sets it with ``NUMBA_CACHE_DIR``): a kernel JIT-compiled in one process is loaded from
+                       disk by the next; never by default (no cache written beside an installed package)
+
+Each probe takes its module as an argument (the tests pass stand-ins for older packages)."""
+import importlib
+import inspect
+import os
+from dataclasses import dataclass
+
+import numba
+
+SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    available: bool
+    why: str          # what is missing ("" when available)
+    fallback: str     # what runs instead when it is missing
+
+    def record(self):
+        return {"available": self.available, "missing": self.why, "fallback": "" if self.available else self.fallback}
+
+
+def _import(name):
+    return importlib.import_module(name)
+
+
+def graph_capture(import_module=_import):
+    try:
+        core = import_module("cuda.core")
+        graph = import_module("cuda.core.graph")
+        missing = [n for module, n in ((core, "Device"), (graph, "GraphBuilder")) if not hasattr(module, n)]
+    except ImportError as error:
+        missing = [f"{error}"]
+    why = f"cuda.core graph API unavailable ({'; '.join(missing)}); cuda-core>=1.0 has it" if missing else ""
+    return Feature("graph-capture", not missing, why, "eager replay (one launch per kernel), numba streams")
+
+
+def dynamic_shared(import_module=_import):
+    try:
+        codegen = import_module("numba.cuda.codegen")
+        ok = hasattr(getattr(codegen, "CUDACodeLibrary", None), "get_cufunc")
+    except ImportError:
+        ok = False
+    why = "" if ok else "numba.cuda.codegen.CUDACodeLibrary.get_cufunc (a loaded kernel's handle) is missing"
+    return Feature("dynamic-shared", ok, why, "static shared memory only: tiles above 48 KB run SIMT")
+
+
+def shared_alignment(import_module=_import):
+    try:
+        decl = import_module("numba.cuda.cudadecl").Cuda_array_decl
+        ok = "alignment" in inspect.signature(decl.generic(None)).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        ok = False
+    why = "" if ok else "cuda.shared.array has no alignment= keyword (numba-cuda < 0.20)"
+    return Feature("shared-alignment", ok, why, "no tensor-core kernels: every GEMM runs SIMT")
+
+
+def disk_cache(environ=os.environ):
+    on = environ.get("BLUEPRINT_CUDA_CACHE") == "1" and not SIMULATOR
+    return Feature("disk-cache", on, "" if on else "off (BLUEPRINT_CUDA_CACHE=1 turns it on)",
+                   "each process JIT-compiles the kernels it launches")
+
+
+def features():
+    """``{name: Feature}`` of this install."""
+    return {f.name: f for f in (graph_capture(), dynamic_shared(), shared_alignment(), disk_cache())}
+
+
+FEATURES = features()
+
+
+def jit_kernel(pyfunc):
+    """``cuda.jit(pyfunc)``, with numba-cuda's disk cache when ``disk-cache`` is on."""
+    from numba import cuda
+    return cuda.jit(pyfunc, cache=True) if FEATURES["disk-cache"].available else cuda.jit(pyfunc)
+
+
+def loaded_handle(compiled):
+    """``(CUkernel or CUfunction, device ordinal)`` of a compiled numba-cuda kernel, loaded on the current device."""
+    if not FEATURES["dynamic-shared"].available:
+        raise RuntimeError(FEATURES["dynamic-shared"].why)
+    cufunc = compiled._codelibrary.get_cufunc()
+    return cufunc.handle, cufunc.device.id
+
+
+def core_stream():
+    """A non-blocking cuda.core stream on the current device (graph capture needs one)."""
+    from cuda.core import Device
+    device = Device()
+    device.set_current()
+    return device.create_stream()
+
+
+def core_graph_builder():
+    from cuda.core import Device
+    device = Device()
+    device.set_current()
+    return device.create_graph_builder()
