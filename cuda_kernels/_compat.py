@@ -8,9 +8,12 @@ fallback taken where it lacks something (the versions record of benchmarks.gpu r
                        missing -> static shared memory only: tiles whose pipeline needs more run SIMT
     shared-alignment   ``cuda.shared.array(..., alignment=)`` (numba-cuda >= 0.20), which every mma kernel uses
                        missing -> no tensor-core kernels: every GEMM runs SIMT
-    disk-cache         ``cuda.jit(cache=True)``, only when ``BLUEPRINT_CUDA_CACHE=1`` (benchmarks/gpu/first_run.sh
+    disk-cache         numba-cuda's disk cache, only when ``BLUEPRINT_CUDA_CACHE=1`` (benchmarks/gpu/first_run.sh
                        sets it with ``NUMBA_CACHE_DIR``): a kernel JIT-compiled in one process is loaded from
-                       disk by the next; never by default (no cache written beside an installed package)
+                       disk by the next; never by default (no cache written beside an installed package). Keyed
+                       by the kernel's table name and the source of cuda_kernels (``NamedKernelCache``): numba's
+                       own key pickles a closure's cells, and the tensor-core kernels close over device
+                       functions whose pickles differ from process to process (a miss every time)
 
 Each probe takes its module as an argument (the tests pass stand-ins for older packages)."""
 import importlib
@@ -83,10 +86,45 @@ def features():
 FEATURES = features()
 
 
-def jit_kernel(pyfunc):
-    """``cuda.jit(pyfunc)``, with numba-cuda's disk cache when ``disk-cache`` is on."""
+def source_digest(folder=None):
+    """sha256 of every ``.py`` of cuda_kernels: any change to the kernels' source is a new cache key."""
+    import hashlib
+    from pathlib import Path
+    digest = hashlib.sha256()
+    for path in sorted(Path(folder or Path(__file__).parent).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def named_kernel_cache(pyfunc, name, digest):
+    """numba-cuda's ``CUDACache`` for ``pyfunc`` keyed by (signature, target, numba-cuda version, ``name``,
+    ``digest``, bytecode) instead of a pickle of the closure."""
+    import hashlib
+
+    import numba_cuda
+    from numba.cuda.dispatcher import CUDACache
+
+    class NamedKernelCache(CUDACache):
+        def _index_key(self, sig, codegen):
+            key = (sig, codegen.magic_tuple(), numba_cuda.__version__,
+                   (name, digest, hashlib.sha256(pyfunc.__code__.co_code).hexdigest()))
+            return key if self._launch_config_key is None else key + (("launch_config", self._launch_config_key),)
+    return NamedKernelCache(pyfunc)
+
+
+def jit_kernel(pyfunc, name):
+    """``cuda.jit(pyfunc)``; with the disk cache (``NamedKernelCache``) when ``disk-cache`` is on."""
     from numba import cuda
-    return cuda.jit(pyfunc, cache=True) if FEATURES["disk-cache"].available else cuda.jit(pyfunc)
+    dispatcher = cuda.jit(pyfunc)
+    if FEATURES["disk-cache"].available:
+        dispatcher._cache = named_kernel_cache(pyfunc, name, _digest())
+    return dispatcher
+
+
+def _digest():
+    if not hasattr(_digest, "value"):
+        _digest.value = source_digest()
+    return _digest.value
 
 
 def loaded_handle(compiled):

@@ -249,7 +249,7 @@ def mma_kernel(name, signature, shared_bytes=0):
     def declare(pyfunc):
         if name in MMA_KERNELS:
             raise ValueError(f"mma_kernel: duplicate kernel name {name!r}")
-        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
+        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc, name), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
                           dynamic_shared_bytes(shared_bytes))
         MMA_KERNELS[name] = spec
         return spec

@@ -104,7 +104,7 @@ def kernel(name, signature):
         argnames = tuple(inspect.signature(pyfunc).parameters)
         if len(argnames) != len(signature):
             raise ValueError(f"kernel {name!r}: {len(argnames)} parameters but {len(signature)} types")
-        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc), tuple(signature), argnames)
+        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc, name), tuple(signature), argnames)
         KERNELS[name] = spec
         return spec
     return declare

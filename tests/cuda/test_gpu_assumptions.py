@@ -149,9 +149,11 @@ def test_a_new_cuda_core_stream_is_non_blocking_by_default():
 
 
 def test_the_executor_uses_cuda_core_streams_and_builders_on_a_gpu():
-    from cuda_kernels import _graph
-    assert "device.create_stream()" in inspect.getsource(_graph.new_stream)
-    assert "device.create_graph_builder()" in inspect.getsource(_graph.new_graph_builder)
+    from cuda_kernels import _compat, _graph
+    assert "_compat.core_stream()" in inspect.getsource(_graph.new_stream)
+    assert "_compat.core_graph_builder()" in inspect.getsource(_graph.new_graph_builder)
+    assert "device.create_stream()" in inspect.getsource(_compat.core_stream)
+    assert "device.create_graph_builder()" in inspect.getsource(_compat.core_graph_builder)
     capture = inspect.getsource(_graph.capture_graph)
     assert "builder.begin_building()" in capture and "graph.complete()" in capture
 

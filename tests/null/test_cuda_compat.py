@@ -102,3 +102,35 @@ def test_no_module_but_compat_imports_cuda_core_or_numba_cuda_private_names():
                  for path in sorted((REPO / folder).rglob("*.py"))
                  if path.name != "_compat.py" and pattern.search(path.read_text())]
     assert not offenders, f"import these through cuda_kernels/_compat.py: {offenders}"
+
+
+KEYS = """
+import hashlib, json
+from types import SimpleNamespace
+from cuda_kernels import _compat
+from cuda_kernels._mma_kernels import all_mma_kernels
+from cuda_kernels._registry import all_kernels
+codegen = SimpleNamespace(magic_tuple=lambda: ("nvptx64-nvidia-cuda", "sm_90", ""))
+digest = _compat.source_digest()
+print(json.dumps({name: hashlib.sha256(repr(_compat.named_kernel_cache(spec.pyfunc, name, digest)._index_key(
+    tuple(spec.signature), codegen)).encode()).hexdigest() for name, spec in {**all_kernels(), **all_mma_kernels()}.items()}))
+"""
+
+
+def test_the_disk_cache_keys_are_the_same_in_every_process_and_differ_between_kernels():
+    """A kernel compiled by the warm-up process must be found by the next one: numba's own key pickles the
+    tensor-core kernels' closures, which differ between processes; ``NamedKernelCache``'s must not."""
+    import json
+    import subprocess
+    import sys
+    runs = [json.loads(subprocess.run([sys.executable, "-c", KEYS], cwd=REPO, capture_output=True, text=True,
+                                      check=True, timeout=300).stdout) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert len(set(runs[0].values())) == len(runs[0]) and any(n.startswith("mma_") for n in runs[0])
+
+
+def test_the_cache_key_follows_the_kernels_source(tmp_path):
+    (tmp_path / "_a.py").write_text("x = 1\n")
+    before = _compat.source_digest(tmp_path)
+    (tmp_path / "_a.py").write_text("x = 2\n")
+    assert _compat.source_digest(tmp_path) != before
