@@ -105,6 +105,27 @@ def run_isolated(call, env=None):
         return outcome_of(call, child.returncode, timed_out, written, seconds)
 
 
+def run_in_process(call, env=None):
+    """``call`` in this process (the simulator tests and the dry run, where no kernel can fault); its outcome."""
+    started = time.monotonic()
+    try:
+        result = getattr(importlib.import_module(call.module), call.function)(**call.kwargs)
+        written = {"result": json.loads(json.dumps(result, default=str))}
+    except Exception as error:
+        lines = "".join(traceback.format_exception(type(error), error, error.__traceback__)).splitlines()
+        written = {"raised": f"{type(error).__name__}: {error}", "traceback": lines[-TRACEBACK_LINES:]}
+    return outcome_of(call, 0 if "result" in written else 1, False, written, time.monotonic() - started)
+
+
+def run_many(calls, runner=run_isolated, parallel=1, env=None):
+    """``[UnitOutcome]`` of ``calls`` in order, at most ``parallel`` children at a time."""
+    if parallel <= 1 or len(calls) <= 1:
+        return [runner(call, env) for call in calls]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(lambda call: runner(call, env), calls))
+
+
 def child_main(call_path, result_path):
     """In the child: call the function, write ``{"result": ...}`` or ``{"raised": ..., "traceback": [...]}``."""
     call = json.loads(Path(call_path).read_text())

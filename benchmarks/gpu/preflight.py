@@ -235,7 +235,7 @@ def run_check(check, stream):
     return result
 
 
-def _stream_check(made):
+def stream_check(made):
     """The first check: the run's stream (``_graph.new_stream``), kept in ``made["stream"]``."""
     def make(_):
         stream = made["stream"] = _graph.new_stream()
@@ -252,7 +252,7 @@ def preflight(out, failures, checks=CHECKS):
     from .protocol import Unit
     with Unit(out, "preflight", failures) as unit:
         made, results = {}, []
-        for check in (_stream_check(made),) + tuple(checks):
+        for check in (stream_check(made),) + tuple(checks):
             result = run_check(check, made.get("stream", 0))
             results.append(result)
             print(f"  {result['status']} {check.name} ({result['seconds']:.1f} s): "

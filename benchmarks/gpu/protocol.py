@@ -197,11 +197,14 @@ class Unit:
 
 # ---- the per-kernel breakdown of one step -----------------------------------------------------------------
 
-def timed_replay(entries, stream, new_event):
+def timed_replay(entries, stream, new_event, before=None):
     """Run ``entries`` (a recorded step: transfers and kernels) once on ``stream`` with an event
     recorded before the first and after each entry; ``[(kind, name, ms)]`` per entry. Eager replay:
-    an event between launches costs ~1 us of device time, so the sum is a little above a graph step."""
+    an event between launches costs ~1 us of device time, so the sum is a little above a graph step.
+    ``before(stream)`` runs first, untimed (``spin.spin_before``: the queue stays ahead of the host)."""
     events = [new_event() for _ in range(len(entries) + 1)]
+    if before is not None:
+        before(stream)
     events[0].record(stream)
     for entry, after in zip(entries, events[1:]):
         entry.run(stream)

@@ -1,38 +1,27 @@
-"""``benchmarks.gpu.check --quick``: the first run on a short-lived GPU, in this order, inside a 240 s budget
-that counts every cold JIT compile:
-
-    versions -> preflight (check.main: each GPU-only assumption alone, PASS / FAIL; preflight.py)
-    -> compile (every kernel of the table, timed) -> step-check resnet20 (vs the fp32 CPU path)
-    -> graph-vs-eager resnet20 -> step-timing resnet18-cifar b256 (ours eager + graph, PyTorch eager
-    AMP channels_last) -> breakdown (per-kernel time of one step) -> torch.compile (only with time
-    left) -> summary (the line to paste)
-
-Each unit writes one JSON Lines record when it ends (``protocol.RecordWriter``). With
-``--dry-run`` the same units run on the CPU: the compile unit compiles every kernel to PTX (the
-source of the compile-time estimate), the step units compile their plans and record their steps as
-the executor does, the breakdown runs the same timed replay over the recorded step's entries with
-stand-in events (labelled), and the estimate of the GPU run is printed."""
+"""``benchmarks.gpu.check --quick``: the first run on a short-lived GPU. On a GPU its units run each in
+their own process (quick_run.py, quick_units.py); this module holds what both sides share: the models,
+the versions unit, the breakdown of one step, the summary line, and the ``--dry-run --quick`` units on
+the CPU (every kernel compiled to PTX, the plans compiled and the steps recorded as the executor does,
+the breakdown over the recorded step with stand-in events) and the estimate of the GPU run
+(estimate.py, printed; a prediction)."""
 import time
 from types import SimpleNamespace
 
 from cuda_kernels._registry import SIMULATOR
 
+from .estimate import Measured, quick_estimate
+
 from .layers import format_layers, per_layer
 from .protocol import (Unit, format_breakdown, paste_line, summed_by_kind, timed_replay, versions_line,
                             versions_record)
-from .step_common import (CHECK_MODELS, MIB, REPLAY_MODELS, REPLAY_STEPS, SECTION_RESERVE_S, TIMED_S,
+from .step_common import (CHECK_MODELS, MIB, REPLAY_MODELS, REPLAY_STEPS, TIMED_S,
                                TIMING_LR, TIMING_MODELS, WARMUP_STEPS, compile_step_plan, release_device_memory,
                                sgd, step_batches)
 
-QUICK_BUDGET_S = 240
+QUICK_BUDGET_S = 480        # first_run.sh gives the run 500 s of its 560: the estimate must be <= 70% of this
 QUICK_CHECK, QUICK_REPLAY, QUICK_TIMING = CHECK_MODELS[0], REPLAY_MODELS[0], TIMING_MODELS[0]
 assert (QUICK_CHECK.name, QUICK_REPLAY.name, QUICK_TIMING.name) == ("resnet20", "resnet20", "resnet18-cifar")
-# The estimate of a --quick GPU run (a prediction until a GPU run measures it; every term named):
-NVVM_TO_DEVICE_JIT = 3.0     # device JIT (NVVM + ptxas + nvJitLink LTO + load) over the NVVM-only compile_ptx time
-CPU_JIT_COLD_S = 30.0        # numba's CPU kernels of step-check on a cold cache (measured: a cold resnet20 first step took 19.1 s on a 2-core machine)
-CUDA_INIT_S = 10.0           # CUDA context, cuda.core, PyTorch import and its CUDA init
-TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and the first steps of PyTorch eager
-PREFLIGHT_S = 10.0           # gpu_check's preflight (preflight.py): two tensor-core kernels' JIT, tiny launches
+REPRESENTATIVE_MMA = "mma_conv2d_backward_weight_128x128x32"   # the slowest tensor-core kernel to compile here
 
 
 def write_versions(out, failures):
@@ -81,64 +70,9 @@ def _compile(out, failures, dry):
         return total
 
 
-# ---- the GPU run -----------------------------------------------------------------------------------------
+# ---- the GPU run: quick_run.py (each unit in its own process); the summary's timing values
 
-def run_quick(out, budget, failures, skipped, notes):
-    """The --quick units on the GPU; returns the summary fields (the paste line's values)."""
-    from cpu_ref import CpuExecutor
-    from cuda_kernels import CudaExecutor
-    from .steps import step_check_one, step_replay_one
-    from .timing import format_timing_table, step_timing, torch_compile_column
-    summary = {}
-    _compile(out, failures, dry=False)
-    for name, need, run in (
-            (f"step-check {QUICK_CHECK.name}", SECTION_RESERVE_S,
-             lambda: step_check_one(QUICK_CHECK, CpuExecutor, CudaExecutor, failures)),
-            (f"graph-vs-eager {QUICK_REPLAY.name}", SECTION_RESERVE_S,
-             lambda: step_replay_one(QUICK_REPLAY, CudaExecutor, failures))):
-        if not budget.allows(need, name, skipped):
-            out.write(name, "not-run", reason=skipped[-1])
-            continue
-        with Unit(out, name, failures) as unit:
-            result = run()
-            release_device_memory()
-            unit.status = "ok" if result.get("ok") else "failed"
-            unit.fields.update(result)
-            if name.startswith("step-check"):
-                summary["max_err"] = max([result.get("loss_error", float("inf"))] +
-                                         [result[k]["worst"] for k in ("gradients", "updates", "BN stats")
-                                          if k in result])
-    rows = {}
-    name = f"step-timing {QUICK_TIMING.name}"
-    if budget.allows(2 * SECTION_RESERVE_S, name, skipped):
-        with Unit(out, name, failures) as unit:
-            rows = step_timing([QUICK_TIMING], budget, failures, skipped, notes, compile_torch=False)
-            unit.fields.update(_timing_fields(rows.get(QUICK_TIMING.name, {})))
-            summary.update(_timing_summary(rows.get(QUICK_TIMING.name, {})))
-    else:
-        out.write(name, "not-run", reason=skipped[-1])
-    name = f"breakdown {QUICK_TIMING.name}"
-    if budget.allows(SECTION_RESERVE_S, name, skipped):
-        with Unit(out, name, failures) as unit:
-            unit.fields.update(_gpu_breakdown(QUICK_TIMING, CudaExecutor))
-    else:
-        out.write(name, "not-run", reason=skipped[-1])
-    name = f"torch.compile {QUICK_TIMING.name}"
-    if rows:
-        with Unit(out, name, failures) as unit:
-            torch_compile_column(rows, budget, notes)
-            result = rows[QUICK_TIMING.name].get("torch.compile", {})
-            unit.status = "ok" if "seconds" in result else "not-run"
-            unit.fields.update(result)
-            print(format_timing_table(rows))
-    return summary
-
-
-def _timing_fields(row):
-    return {key: value for key, value in row.items() if key != "model"}
-
-
-def _timing_summary(row):
+def timing_summary(row):
     """The paste line's timing values: ours in graph replay, or in eager replay if graph replay was not measured."""
     model = QUICK_TIMING
     ours, theirs = row.get("ours graph", {}), row.get("torch eager", {})
@@ -151,7 +85,7 @@ def _timing_summary(row):
             "torch_mib": theirs["peak_bytes"] / MIB if "peak_bytes" in theirs else None}
 
 
-def _gpu_breakdown(model, CudaExecutor):
+def gpu_breakdown(model, CudaExecutor):
     """One training step of ``model`` replayed eagerly with CUDA events around each tape entry."""
     from numba import cuda
     plan = compile_step_plan(model)
@@ -164,10 +98,13 @@ def _gpu_breakdown(model, CudaExecutor):
     entries = list(ex._runners[key].tape)
     # the simulator's events time nothing (elapsed_time is -1): its launches are synchronous, so a host clock
     # around each one stands in there, labelled so
-    timed = timed_replay(entries, ex.stream, HostClockEvent if SIMULATOR else cuda.event)
+    from .spin import spin_before
+    timed = timed_replay(entries, ex.stream, HostClockEvent if SIMULATOR else cuda.event,
+                         None if SIMULATOR else spin_before(len(entries)))
     rows = summed_by_kind(timed)
     label = (f"{model.label}: STAND-IN times, a host clock around the CUDA simulator's launches, not a GPU's"
-             if SIMULATOR else f"{model.label}, eager replay, CUDA events around each entry")
+             if SIMULATOR else f"{model.label}, eager replay after a spin kernel that keeps the queue ahead of the "
+             f"host, CUDA events around each entry")
     print(format_breakdown(rows, label))
     layers = per_layer(entries, timed)
     print(format_layers(layers, label))
@@ -228,11 +165,69 @@ def dry_run_quick(out, failures):
         unit.fields.update(label=label, rows=[dict(name=n, launches=c) for n, c, _, _ in rows],
                            layers_label=layers_label, layers=layers)
     out.write(f"torch.compile {QUICK_TIMING.name}", "not-run", reason="dry run (minutes of compiling on a CPU)")
-    estimate = quick_estimate(measured)
-    for line in estimate["lines"]:
-        print(line)
-    summary = {"arena_mib": plans[QUICK_TIMING.name].memory.arena_bytes / MIB, "estimate_s": estimate["total_s"]}
-    return summary
+    with Unit(out, "estimate", failures, status="dry") as unit:
+        estimate = quick_estimate(_estimate_inputs(measured), QUICK_BUDGET_S)
+        for line in estimate["lines"]:
+            print(line)
+        unit.fields.update(total_s=estimate["total_s"], share=estimate["share"], fits=estimate["fits"],
+                           terms=estimate["terms"], budget_s=QUICK_BUDGET_S)
+    return {"arena_mib": plans[QUICK_TIMING.name].memory.arena_bytes / MIB, "estimate_s": estimate["total_s"],
+            "estimate_share": estimate["share"]}
+
+
+def _estimate_inputs(measured):
+    from cuda_kernels._mma_kernels import all_mma_kernels
+    from cuda_kernels._registry import all_kernels
+    from .preflight import CHECKS
+    from .tile_cases import CASES
+    return Measured(table_compile_ptx=measured["compile"], table_kernels=len(all_kernels()),
+                    mma_compile=_representative_mma_compile(), mma_kernels=len(all_mma_kernels()),
+                    child_start=_child_start(), cpu_step=measured["cpu step"],
+                    record={m.name: measured[f"record {m.name}"] for m in (QUICK_CHECK, QUICK_TIMING)},
+                    checks=len(CHECKS) + len(CASES), timed_s=TIMED_S, replay_steps=REPLAY_STEPS)
+
+
+def _child_start():
+    """Seconds a unit's process takes to start and import what the units import (measured here)."""
+    import subprocess
+    import sys
+    from .isolate import REPO
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import benchmarks.gpu.quick_units, benchmarks.gpu.tile_cases, cpu_ref, "
+                    "cuda_kernels"], cwd=REPO, check=True, timeout=300)
+    seconds = time.perf_counter() - started
+    print(f"  a unit's process: start-up and imports {seconds:.1f} s here")
+    return seconds
+
+
+def _representative_mma_compile():
+    """compile_ptx for sm_90 plus ptxas (where installed) of ``REPRESENTATIVE_MMA``, measured here."""
+    import shutil
+    import subprocess
+    import tempfile
+    from numba import cuda
+    import numba.cuda.dispatcher as dispatcher
+    from cuda_kernels._mma_kernels import all_mma_kernels
+    spec = all_mma_kernels()[REPRESENTATIVE_MMA]
+    saved = dispatcher.get_current_device
+    dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
+    try:
+        started = time.perf_counter()
+        ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=(9, 0))
+        nvvm = time.perf_counter() - started
+    finally:
+        dispatcher.get_current_device = saved
+    ptxas_s, how = 0.0, "ptxas not installed here: NVVM only"
+    if shutil.which("ptxas"):
+        with tempfile.TemporaryDirectory() as folder:
+            path = f"{folder}/k.ptx"
+            with open(path, "w") as f:
+                f.write(ptx)
+            started = time.perf_counter()
+            subprocess.run(["ptxas", "-arch=sm_90", path, "-o", f"{folder}/k.cubin"], check=True, timeout=300)
+            ptxas_s, how = time.perf_counter() - started, "ptxas"
+    print(f"  {REPRESENTATIVE_MMA}: compile_ptx {nvvm:.1f} s + {how} {ptxas_s:.1f} s here")
+    return nvvm + ptxas_s
 
 
 def _dry_cpu_reference_step(model):
@@ -246,31 +241,6 @@ def _dry_cpu_reference_step(model):
     seconds = time.perf_counter() - started
     print(f"  fp32 CPU reference step of {model.label} (step-check's oracle): loss {loss:.4f}, {seconds:.1f} s here")
     return seconds
-
-
-def quick_estimate(measured):
-    """Seconds a --quick GPU run should take (a prediction, each term printed)."""
-    record_s = sum(v for k, v in measured.items() if k.startswith("record"))
-    terms = [("CUDA/PyTorch initialisation (assumed)", CUDA_INIT_S),
-             ("preflight: 6 checks, the JIT of 2 tensor-core kernels, tiny launches, one capture (assumed)",
-              PREFLIGHT_S),
-             (f"device JIT of every kernel: compile_ptx here {measured['compile']:.1f} s x {NVVM_TO_DEVICE_JIT:g}",
-              measured["compile"] * NVVM_TO_DEVICE_JIT),
-             ("numba CPU kernels on a cold cache (assumed)", CPU_JIT_COLD_S),
-             (f"fp32 CPU reference step (measured here {measured['cpu step']:.1f} s, x2 for its first run)",
-              2 * measured["cpu step"]),
-             (f"plans + tape recording: measured here {record_s:.1f} s, x{2 + 3} executors", 5 * record_s),
-             (f"graph-vs-eager: 3 executors x {REPLAY_STEPS} steps (assumed 1 s)", 1.0),
-             (f"timing: ours eager + graph ({TIMED_S:g} s each + train_step {TIMED_S / 2:g} s) + torch eager",
-              3.5 * TIMED_S + TIMED_S + TORCH_WARMUP_S),
-             ("breakdown: one eager step with events (assumed 2 s)", 2.0)]
-    total = sum(seconds for _, seconds in terms)
-    lines = ["estimate of `benchmarks.gpu.check --quick` on the GPU (a PREDICTION from this dry run, not a measurement):"]
-    lines += [f"  {seconds:6.1f} s  {what}" for what, seconds in terms]
-    verdict = "fits" if total <= QUICK_BUDGET_S else "DOES NOT FIT"
-    lines.append(f"  {total:6.1f} s  total, {verdict} the {QUICK_BUDGET_S} s budget (torch.compile runs only if time "
-                 f"is left)")
-    return {"total_s": total, "lines": lines, "terms": {what: seconds for what, seconds in terms}}
 
 
 def summary_line(summary):

@@ -1,6 +1,9 @@
 """`python -m benchmarks.gpu.check --quick`'s device path, run in the simulator on a tiny stand-in network, so
 that a first GPU run does not discover its bugs: every unit writes its record, graph capture made to
-fail falls back to eager and the records and the paste line say so (issue 11, items 3-4)."""
+fail falls back to eager and the records and the paste line say so (issue 11, items 3-4). The units run
+in this process (``isolate.run_in_process``: the monkeypatched model reaches them), the budget on a
+frozen clock (the outcome cannot depend on this machine's speed); isolation itself:
+tests/null/test_gpu_isolate.py and test_gpu_quick_run.py."""
 import json
 
 import numpy as np
@@ -18,7 +21,8 @@ def tiny():
 
 
 def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path, monkeypatch):
-    from benchmarks.gpu import quick, steps, timing
+    from benchmarks.gpu import quick, quick_run, steps, timing
+    from benchmarks.gpu.isolate import run_in_process
     from benchmarks.gpu.protocol import RecordWriter
     from benchmarks.gpu.budget import Budget, FrozenClock
     from benchmarks.gpu.step_common import StepModel
@@ -35,11 +39,13 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     monkeypatch.setattr(steps, "REPLAY_STEPS", 2)
     out = RecordWriter(str(tmp_path / "quick.jsonl"))
     failures, skipped, notes = [], [], []
-    summary = quick.run_quick(out, Budget(240, clock=FrozenClock()), failures, skipped, notes)
+    summary = quick_run.run_quick(out, Budget(480, clock=FrozenClock()), failures, skipped, notes,
+                                  runner=run_in_process, warmup_names=["sgd_step"], tile_names=())
     out.close()
     records = {r["unit"]: r for r in map(json.loads, (tmp_path / "quick.jsonl").read_text().splitlines())}
-    assert list(records) == ["compile", "step-check tiny", "graph-vs-eager tiny", "step-timing tiny",
-                             "breakdown tiny", "torch.compile tiny"]
+    assert list(records) == ["compile", "preflight", "tiles", "step-check tiny", "graph-vs-eager tiny",
+                             "step-timing tiny", "torch.compile tiny", "breakdown tiny"]
+    assert records["preflight"]["status"] == "ok", records["preflight"]   # the simulator: PASS or SKIP each
     assert records["step-check tiny"]["status"] == "ok", records["step-check tiny"]
     assert np.isfinite(summary["max_err"]) and summary["max_err"] < 2e-2
     replay = records["graph-vs-eager tiny"]

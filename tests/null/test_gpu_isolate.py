@@ -57,3 +57,17 @@ def test_outcomes_from_exits_and_written_results():
     assert outcome_of(unit, -9, True, None, 5.0).status == "timeout"
     assert outcome_of(unit, 0, False, None, 1.0).error == "exited with status 0 without writing a result"
     assert outcome_of(unit, -11, False, {"result": {}}, 1.0).error == "killed by SIGSEGV"
+
+
+def test_units_run_side_by_side_each_in_its_own_process_and_come_back_in_order():
+    from benchmarks.gpu.isolate import run_many
+    outcomes = run_many([call("returns", value=v) for v in range(3)] + [call("exits", status=4)], parallel=3)
+    assert [o.result.get("value") for o in outcomes] == [0, 1, 2, None]
+    assert len({o.result["pid"] for o in outcomes[:3]}) == 3 and outcomes[3].status == "crashed"
+
+
+def test_in_process_units_report_as_isolated_ones_do():
+    from benchmarks.gpu.isolate import run_in_process
+    assert run_in_process(call("returns", value=5)).result["value"] == 5
+    assert run_in_process(call("raises")).error == "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS (stand-in)"
+    assert run_in_process(call("finds_a_difference")).status == "failed"
