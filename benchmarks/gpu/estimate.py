@@ -20,7 +20,7 @@ TORCH_WARMUP_S = 15.0        # cudnn.benchmark's search and PyTorch eager's firs
 
 @dataclass(frozen=True)
 class Measured:
-    """What the dry run measured on this CPU (seconds)."""
+    """What the dry run measured on this CPU, in CPU seconds (a loaded machine stretches wall time, not these)."""
     table_compile_ptx: float     # compile_ptx of every table kernel, summed
     table_kernels: int
     mma_compile: float           # compile_ptx + ptxas of the representative (largest) tensor-core kernel

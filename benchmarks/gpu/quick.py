@@ -45,9 +45,9 @@ def _compile_every_kernel(dry):
         dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
         try:
             for name, spec in all_kernels().items():
-                started = time.perf_counter()
+                started = time.process_time()     # CPU seconds: what a loaded machine does not stretch
                 cuda.compile_ptx(spec.pyfunc, spec.signature, cc=(9, 0))
-                seconds[name] = time.perf_counter() - started
+                seconds[name] = time.process_time() - started
         finally:
             dispatcher.get_current_device = saved
         return seconds
@@ -63,7 +63,8 @@ def _compile(out, failures, dry):
         seconds = _compile_every_kernel(dry)
         total = sum(seconds.values())
         slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
-        what = "compile_ptx sm_90 on this CPU (NVVM only)" if dry else "cold JIT on the device (NVVM, ptxas, load)"
+        what = "compile_ptx sm_90 on this CPU (NVVM only, CPU seconds)" if dry else \
+            "cold JIT on the device (NVVM, ptxas, load)"
         print(f"  {len(seconds)} kernels, {what}: {total:.1f} s; slowest "
               + ", ".join(f"{k} {v:.1f} s" for k, v in slowest))
         unit.fields.update(kernels=len(seconds), total_s=total, what=what, per_kernel_s=seconds)
@@ -139,12 +140,12 @@ def dry_run_quick(out, failures):
                         (f"graph-vs-eager {QUICK_REPLAY.name}", QUICK_REPLAY),
                         (f"step-timing {QUICK_TIMING.name}", QUICK_TIMING)):
         with Unit(out, name, failures, status="dry") as unit:
-            started = time.perf_counter()
+            started = time.process_time()
             plan = plans[model.name] = compile_step_plan(model)
             plan.verify()
             names, _, orders[model.name], entries[model.name] = dry_record_train_step(plan, sgd())
             launches[model.name] = len(names)
-            measured[f"record {model.name}"] = time.perf_counter() - started
+            measured[f"record {model.name}"] = time.process_time() - started
             print(f"  {model.label}: plan compiled and verified, training step recorded: {len(names)} kernels, "
                   f"{len(orders[model.name]) - len(names)} transfers/events ({measured[f'record {model.name}']:.1f} s)")
             unit.fields.update(model=model.name, launches=len(names), arena_mib=plan.memory.arena_bytes / MIB)
@@ -192,12 +193,19 @@ def _child_start():
     import subprocess
     import sys
     from .isolate import REPO
-    started = time.perf_counter()
+    before = _children_cpu()
     subprocess.run([sys.executable, "-c", "import benchmarks.gpu.quick_units, benchmarks.gpu.tile_cases, cpu_ref, "
                     "cuda_kernels"], cwd=REPO, check=True, timeout=300)
-    seconds = time.perf_counter() - started
-    print(f"  a unit's process: start-up and imports {seconds:.1f} s here")
+    seconds = _children_cpu() - before
+    print(f"  a unit's process: start-up and imports {seconds:.1f} CPU s here")
     return seconds
+
+
+def _children_cpu():
+    """CPU seconds (user + system) of this process's finished children: what a loaded machine does not stretch."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _representative_mma_compile():
@@ -212,9 +220,9 @@ def _representative_mma_compile():
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))
     try:
-        started = time.perf_counter()
+        started = time.process_time()
         ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=(9, 0))
-        nvvm = time.perf_counter() - started
+        nvvm = time.process_time() - started
     finally:
         dispatcher.get_current_device = saved
     ptxas_s, how = 0.0, "ptxas not installed here: NVVM only"
@@ -223,10 +231,10 @@ def _representative_mma_compile():
             path = f"{folder}/k.ptx"
             with open(path, "w") as f:
                 f.write(ptx)
-            started = time.perf_counter()
+            started = _children_cpu()
             subprocess.run(["ptxas", "-arch=sm_90", path, "-o", f"{folder}/k.cubin"], check=True, timeout=300)
-            ptxas_s, how = time.perf_counter() - started, "ptxas"
-    print(f"  {REPRESENTATIVE_MMA}: compile_ptx {nvvm:.1f} s + {how} {ptxas_s:.1f} s here")
+            ptxas_s, how = _children_cpu() - started, "ptxas"
+    print(f"  {REPRESENTATIVE_MMA}: compile_ptx {nvvm:.1f} + {how} {ptxas_s:.1f} CPU s here")
     return nvvm + ptxas_s
 
 
@@ -236,10 +244,10 @@ def _dry_cpu_reference_step(model):
     plan = compile_step_plan(model, fuse=False, amp=False)
     (x, y), = step_batches(model, 1)
     cpu = CpuExecutor(plan, optimizer=sgd(), seed=0)
-    started = time.perf_counter()
+    started = time.process_time()
     loss = cpu.train_step(x, y, 0.1)
-    seconds = time.perf_counter() - started
-    print(f"  fp32 CPU reference step of {model.label} (step-check's oracle): loss {loss:.4f}, {seconds:.1f} s here")
+    seconds = time.process_time() - started
+    print(f"  fp32 CPU reference step of {model.label} (step-check's oracle): loss {loss:.4f}, {seconds:.1f} CPU s here")
     return seconds
 
 
