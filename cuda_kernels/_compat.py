@@ -8,8 +8,8 @@ fallback taken where it lacks something (the versions record of benchmarks.gpu r
                        missing -> static shared memory only: tiles whose pipeline needs more run SIMT
     shared-alignment   ``cuda.shared.array(..., alignment=)`` (numba-cuda >= 0.20), which every mma kernel uses
                        missing -> no tensor-core kernels: every GEMM runs SIMT
-    disk-cache         numba-cuda's disk cache, only when ``BLUEPRINT_CUDA_CACHE=1`` (benchmarks/gpu/first_run.sh
-                       sets it with ``NUMBA_CACHE_DIR``): a kernel JIT-compiled in one process is loaded from
+    disk-cache         numba-cuda's disk cache, only when ``BLUEPRINT_CUDA_CACHE`` is 1 (compile and save) or
+                       read (load only; the GPU check's units after its warm-up; NUMBA_CACHE_DIR says where): a kernel JIT-compiled in one process is loaded from
                        disk by the next; never by default (no cache written beside an installed package). Keyed
                        by the kernel's table name and the source of cuda_kernels (``NamedKernelCache``): numba's
                        own key pickles a closure's cells, and the tensor-core kernels close over device
@@ -73,8 +73,8 @@ def shared_alignment(import_module=_import):
 
 
 def disk_cache(environ=os.environ):
-    on = environ.get("BLUEPRINT_CUDA_CACHE") == "1" and not SIMULATOR
-    return Feature("disk-cache", on, "" if on else "off (BLUEPRINT_CUDA_CACHE=1 turns it on)",
+    on = environ.get("BLUEPRINT_CUDA_CACHE") in ("1", "read") and not SIMULATOR
+    return Feature("disk-cache", on, "" if on else "off (BLUEPRINT_CUDA_CACHE=1 writes and reads it, =read reads it)",
                    "each process JIT-compiles the kernels it launches")
 
 
@@ -104,7 +104,20 @@ def named_kernel_cache(pyfunc, name, digest):
     import numba_cuda
     from numba.cuda.dispatcher import CUDACache
 
+    from numba.cuda.core.caching import IndexDataCacheFile
+
     class NamedKernelCache(CUDACache):
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            # a file per kernel: no two processes compiling different kernels write one index
+            self._cache_file = IndexDataCacheFile(cache_path=self._cache_path,
+                                                  filename_base=f"{self._impl.filename_base}-{name}",
+                                                  source_stamp=self._impl.locator.get_source_stamp())
+
+        def save_overload(self, sig, data):
+            if os.environ.get("BLUEPRINT_CUDA_CACHE") == "1":   # "read": only the warm-up writes
+                super().save_overload(sig, data)
+
         def _index_key(self, sig, codegen):
             key = (sig, codegen.magic_tuple(), numba_cuda.__version__,
                    (name, digest, hashlib.sha256(pyfunc.__code__.co_code).hexdigest()))

@@ -1,10 +1,11 @@
 """GPU check of the CUDA path: a one-shot protocol for a short-lived GPU (600 s per command).
 
-    python -m benchmarks.gpu.check --quick --json gpu.jsonl    # the first run: 240 s budget, JIT included
-    python -m benchmarks.gpu.check --json gpu.jsonl            # everything (sized for an H200, under 8 minutes)
+    bash benchmarks/gpu/first_run.sh OUT                          # the first run (docs/gpu-runbook.md)
+    python -m benchmarks.gpu.check --quick --json gpu.jsonl       # what it runs: 480 s budget, JIT included
+    python -m benchmarks.gpu.check --json gpu.jsonl               # everything (sized for an H200, under 8 minutes)
     python -m benchmarks.gpu.check --dry-run --quick --json out.jsonl   # CPU only (CI): no GPU, no simulator
-    python -m benchmarks.gpu.check --only conv                 # kernel rows / step sections by name
-    python -m benchmarks.gpu.check --static --json k.jsonl     # tensor-core kernels: ptxas figures (no GPU)
+    python -m benchmarks.gpu.check --only conv                    # kernel rows / step sections by name
+    python -m benchmarks.gpu.check --static --json k.jsonl        # tensor-core kernels: ptxas figures (no GPU)
 
 Every run first writes the versions record (Python, numpy, numba, numba-cuda, cuda-core,
 cuda-bindings, torch and its CUDA, driver, GPU name, SM count, clocks, planner build), on a GPU then
@@ -12,11 +13,10 @@ the preflight (``preflight``: each assumption only a GPU can check, alone, in se
 FAIL with the error), then one JSON Lines record per finished unit, flushed at once: a run cut off
 by a time limit keeps everything it measured (on SIGTERM the unit running records "interrupted" and
 a summary follows; a unit that raises records "crashed" with its traceback's tail and the next
-runs). ``--quick`` runs, in this order: a cold compile of every kernel (timed),
-one training step of resnet20 against the fp32 CPU path, graph-versus-eager replay of resnet20,
-resnet18-CIFAR b256 images/s against PyTorch eager AMP channels_last, a per-kernel time breakdown
-of one step (CUDA events around each tape entry, eager replay), torch.compile if time is left; it
-ends with one line to paste:
+runs). ``--quick`` runs each unit in its own process (quick_run.py: warm-up compile, preflight, every tile,
+step-check resnet20, graph-vs-eager resnet20, resnet18-CIFAR b256 images/s against PyTorch eager AMP
+channels_last and torch.compile if time is left, a per-kernel breakdown of one step); it ends with one
+line to paste:
 
     gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> | arena <MiB> vs torch max_memory_allocated <MiB>
 

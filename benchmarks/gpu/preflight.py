@@ -4,7 +4,7 @@ A short-lived GPU session should learn at once *which* assumption failed, not fi
 in the middle of a training step. Each check below is tiny, runs in isolation (an exception is that
 check's FAIL, with its type, message and traceback tail; the next check runs) and prints PASS, FAIL
 or SKIP; together they are one record, unit "preflight". What each check assumes, and where that was
-read in the installed packages: docs/gpu-first-run.md.
+read in the installed packages: tests/cuda/test_gpu_assumptions.py (docs/gpu-runbook.md).
 
     stream         _graph.new_stream(): a non-blocking cuda.core stream (all later checks run on it)
     handle         _dynamic_smem.loaded_handle: numba-cuda's private accessor chain gives a CUkernel or

@@ -81,11 +81,11 @@ def run_warmup(out, failures, runner, env, names=None):
           f"({sum(seconds.values()):.0f} s of JIT in all)")
 
 
-def run_checks(out, failures, runner, env, tile_names=None):
+def run_checks(out, failures, runner, env, tile_names=None, check_names=None):
     """The preflight checks and the tile cases, each in its own process; returns ``BLUEPRINT_MMA_EXCLUDE``."""
     from .preflight import CHECKS
     checks = [UnitCall(f"preflight {c.name}", UNITS, "preflight_check", {"name": c.name}, CHECK_TIMEOUT_S)
-              for c in CHECKS]
+              for c in CHECKS if check_names is None or c.name in check_names]
     tiles = [UnitCall(f"tile {name}", "benchmarks.gpu.tile_cases", "run_case", {"name": name, "seed": i},
                       CHECK_TIMEOUT_S) for i, name in enumerate(CASES if tile_names is None else tile_names)]
     outcomes = run_many(checks + tiles, runner, PARALLEL, dict(env, BLUEPRINT_CUDA_CACHE="read"))
@@ -116,13 +116,14 @@ def run_checks(out, failures, runner, env, tile_names=None):
 
 
 def run_quick(out, budget, failures, skipped, notes, runner=run_isolated, env=None, warmup_names=None,
-              tile_names=None):
+              tile_names=None, check_names=None):
     """The --quick units on the GPU (each in its own process by ``runner``); the summary (paste line) fields.
-    ``warmup_names`` / ``tile_names``: the kernels to compile and the tile cases (default: all)."""
+    ``warmup_names`` / ``tile_names`` / ``check_names``: the kernels to compile, the tile cases and the preflight
+    checks (default: all)."""
     env = cache_env(env)
     summary = {}
     run_warmup(out, failures, runner, env, warmup_names)
-    excluded = run_checks(out, failures, runner, env, tile_names)
+    excluded = run_checks(out, failures, runner, env, tile_names, check_names)
     env = dict(env, BLUEPRINT_CUDA_CACHE="read", BLUEPRINT_MMA_EXCLUDE=excluded)
     for key, model, function in (("step-check", quick.QUICK_CHECK, "step_check"),
                                  ("graph-vs-eager", quick.QUICK_REPLAY, "graph_vs_eager"),

@@ -4,7 +4,7 @@ The code paths that only a real GPU executes (``_dynamic_smem``'s handle and dri
 copies on a cuda.core stream, graph capture on a ``GraphBuilder``, the NCCL communicator) rely on
 private accessors and on call signatures that no simulator test reaches. Each test here reads the
 installed package (classes, signatures, source) and fails when the assumption stops holding, so a
-package upgrade breaks here and not in a GPU session's first minutes. docs/gpu-first-run.md says where
+package upgrade breaks here and not in a GPU session's first minutes (first_run.sh runs it first: docs/gpu-runbook.md). Each test says where
 each was read. Runs with the real numba.cuda (no simulator), like test_ptx.py; no GPU needed.
 """
 import inspect

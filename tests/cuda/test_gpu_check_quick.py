@@ -40,12 +40,14 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     out = RecordWriter(str(tmp_path / "quick.jsonl"))
     failures, skipped, notes = [], [], []
     summary = quick_run.run_quick(out, Budget(480, clock=FrozenClock()), failures, skipped, notes,
-                                  runner=run_in_process, warmup_names=["sgd_step"], tile_names=())
+                                  runner=run_in_process, warmup_names=["sgd_step"], tile_names=(),
+                                  check_names=("graph",))
     out.close()
     records = {r["unit"]: r for r in map(json.loads, (tmp_path / "quick.jsonl").read_text().splitlines())}
     assert list(records) == ["compile", "preflight", "tiles", "step-check tiny", "graph-vs-eager tiny",
                              "step-timing tiny", "torch.compile tiny", "breakdown tiny"]
-    assert records["preflight"]["status"] == "ok", records["preflight"]   # the simulator: PASS or SKIP each
+    graph_check, = records["preflight"]["checks"]   # the capture this test refuses: its FAIL, before any step
+    assert records["preflight"]["status"] == "failed" and graph_check["error"] == "RuntimeError: capture refused (test)"
     assert records["step-check tiny"]["status"] == "ok", records["step-check tiny"]
     assert np.isfinite(summary["max_err"]) and summary["max_err"] < 2e-2
     replay = records["graph-vs-eager tiny"]
