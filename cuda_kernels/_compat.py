@@ -79,8 +79,17 @@ def disk_cache(environ=os.environ):
 
 
 def features():
-    """``{name: Feature}`` of this install."""
+    """``{name: Feature}`` of this install. The simulator runs every kernel as Python: its own shared arrays
+    (dynamic ones sized by the launch, no alignment) need neither probe, and it has no graphs (``_graph``)."""
+    if SIMULATOR:
+        simulated = [Feature(f.name, True, "", f.fallback) for f in (dynamic_shared(_no_import), shared_alignment(
+            _no_import))]
+        return {f.name: f for f in (graph_capture(), *simulated, disk_cache())}
     return {f.name: f for f in (graph_capture(), dynamic_shared(), shared_alignment(), disk_cache())}
+
+
+def _no_import(name):
+    raise ImportError(f"{name}: not probed in the simulator")
 
 
 FEATURES = features()
