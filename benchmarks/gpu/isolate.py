@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 TRACEBACK_LINES = 15
 
 
+def _plain(value):
+    """JSON for what ``json`` cannot write: numpy scalars and arrays as numbers and lists, the rest as text."""
+    return value.tolist() if hasattr(value, "tolist") else str(value)
+
+
 @dataclass(frozen=True)
 class UnitCall:
     """``module.function(**kwargs)`` in a fresh process, at most ``timeout_s`` seconds."""
@@ -110,7 +115,7 @@ def run_in_process(call, env=None):
     started = time.monotonic()
     try:
         result = getattr(importlib.import_module(call.module), call.function)(**call.kwargs)
-        written = {"result": json.loads(json.dumps(result, default=str))}
+        written = {"result": json.loads(json.dumps(result, default=_plain))}
     except Exception as error:
         lines = "".join(traceback.format_exception(type(error), error, error.__traceback__)).splitlines()
         written = {"raised": f"{type(error).__name__}: {error}", "traceback": lines[-TRACEBACK_LINES:]}
@@ -136,7 +141,7 @@ def child_main(call_path, result_path):
     except Exception as error:
         lines = "".join(traceback.format_exception(type(error), error, error.__traceback__)).splitlines()
         written, status = {"raised": f"{type(error).__name__}: {error}", "traceback": lines[-TRACEBACK_LINES:]}, 1
-    Path(result_path).write_text(json.dumps(written, default=str))
+    Path(result_path).write_text(json.dumps(written, default=_plain))
     sys.stdout.flush()
     return status
 

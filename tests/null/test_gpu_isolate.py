@@ -71,3 +71,8 @@ def test_in_process_units_report_as_isolated_ones_do():
     assert run_in_process(call("returns", value=5)).result["value"] == 5
     assert run_in_process(call("raises")).error == "RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS (stand-in)"
     assert run_in_process(call("finds_a_difference")).status == "failed"
+
+
+def test_numpy_values_come_back_as_numbers():
+    outcome = run_isolated(call("returns_numpy"))
+    assert outcome.status == "ok" and outcome.result == {"error": 0.5, "shape": [2, 3], "ok": True}

@@ -28,3 +28,8 @@ def kills_itself(name):
 def hangs():
     while True:
         time.sleep(1)
+
+
+def returns_numpy():
+    import numpy as np
+    return {"error": np.float32(0.5), "shape": np.array([2, 3]), "ok": np.bool_(True)}
