@@ -24,6 +24,7 @@ COMPILE_TIMEOUT_S, CHECK_TIMEOUT_S = 240.0, 90.0
 STEP_TIMEOUT_S = {"step-check": 120.0, "graph-vs-eager": 90.0, "step-timing": 200.0, "breakdown": 60.0}
 STEP_NEED_S = {"step-check": 25.0, "graph-vs-eager": 15.0, "step-timing": 40.0, "breakdown": 10.0}
 TORCH_COMPILE_NEED_S = 100.0     # timing.COMPILE_RESERVE_S: torch.compile is tried only with this much left
+BREAKDOWN_RESERVE_S = 30.0       # kept from the timing unit (torch.compile may use all it gets) for the breakdown
 
 
 def warmup_groups(names, workers):
@@ -135,8 +136,7 @@ def run_quick(out, budget, failures, skipped, notes, runner=run_isolated, env=No
             continue
         kwargs, timeout = {}, min(STEP_TIMEOUT_S[key], max(budget.left(), 1.0))
         if key == "step-timing":
-            reserve = STEP_NEED_S["breakdown"]
-            timeout = max(1.0, budget.left() - reserve)
+            timeout = max(1.0, budget.left() - BREAKDOWN_RESERVE_S)
             kwargs = {"seconds_left": timeout, "compile_torch": timeout >= TORCH_COMPILE_NEED_S + STEP_NEED_S[key]}
         outcome = runner(UnitCall(name, UNITS, function, kwargs, timeout), env)
         _merge(outcome, failures, skipped, notes)
