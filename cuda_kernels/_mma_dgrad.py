@@ -162,7 +162,7 @@ DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, 
 def dgrad_tile(w_shape, x_shape, stride):
     """The block tile ``choose_tile`` gives the input gradient of weights ``w_shape`` into ``x_shape``."""
     n, h, w_ = x_shape[:3]
-    return choose_tile(n * math.ceil(h / stride) * math.ceil(w_ / stride), w_shape[-1], DGRAD_TILES)
+    return choose_tile(n * math.ceil(h / stride) * math.ceil(w_ / stride), w_shape[3], DGRAD_TILES)
 
 
 def conv2d_backward_data(launcher, w, dy, dx, stride, pad, accumulate, tile=None):

@@ -28,14 +28,14 @@ def _gemm_ready(c_in, c_out, groups):
 
 def forward_excluded(w_shape, y_size, epilogue="plain"):
     tile = _mma_conv.forward_tile(w_shape, y_size)
-    kernels = _mma_conv.FORWARD if w_shape[-1] % CHUNK == 0 else _mma_conv.FORWARD_ANY_CHANNELS
+    kernels = _mma_conv.FORWARD if w_shape[3] % CHUNK == 0 else _mma_conv.FORWARD_ANY_CHANNELS
     return excluded("forward", tile, kernels[tile, epilogue].dynamic_shared_bytes)
 
 
 def backward_excluded(x_shape, w_shape, stride, with_dx):
     """The weight gradient's tile, or the input gradient's (when ``with_dx``), is excluded."""
     wgrad = _mma_wgrad.wgrad_tile(w_shape)
-    if excluded("wgrad", wgrad, _mma_wgrad.WGRAD[wgrad, w_shape[-1] % CHUNK != 0].dynamic_shared_bytes):
+    if excluded("wgrad", wgrad, _mma_wgrad.WGRAD[wgrad, w_shape[3] % CHUNK != 0].dynamic_shared_bytes):
         return True
     dgrad = _mma_dgrad.dgrad_tile(w_shape, x_shape, stride) if with_dx else None
     return with_dx and excluded("dgrad", dgrad, _mma_dgrad.DGRAD[dgrad].dynamic_shared_bytes)
