@@ -11,10 +11,13 @@ kernels through cuda.core libraries: ``cuKernelSetAttribute`` for the device) or
 (``cuFuncSetAttribute``). ``_tape.LaunchTape.compile_kernels`` calls it once per kernel of a tape
 (``StepRunner`` calls that before the first step, so before any graph capture; an unprepared tape's
 first ``replay`` calls it too), and ``_tape.Immediate`` before each launch: never a launch's hot path.
-Where each assumption was read (numba-cuda 0.30, cuda-core 1.2, cuda-bindings 13): docs/gpu-first-run.md.
+The handle comes from ``_compat.loaded_handle`` (numba-cuda has no public accessor; without it, ``_compat``
+reports static shared memory only). The device checks these assumptions first: docs/gpu-runbook.md.
 The simulator has no handles and needs none: its dynamic shared array holds the launch's byte count.
 """
 import numba
+
+from . import _compat
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
@@ -30,9 +33,7 @@ def loaded_handle(spec):
     current device; None in the simulator."""
     if SIMULATOR:
         return None
-    compiled = spec.kernel.compile(spec.signature)
-    cufunc = compiled._codelibrary.get_cufunc()   # numba-cuda 0.30 has no public accessor for it
-    return cufunc.handle, cufunc.device.id
+    return _compat.loaded_handle(spec.kernel.compile(spec.signature))
 
 
 def set_max_dynamic_shared(handle, device, nbytes, name):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from numba import cuda
 
+from . import _compat
 from ._registry import SIMULATOR
 
 MODES = ("eager", "graph")
@@ -32,12 +33,8 @@ def graph_support():
         return False, "the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) has no graph API"
     if not cuda.is_available():
         return False, "no CUDA GPU is available"
-    try:
-        from cuda.core import Device  # noqa: F401
-        from cuda.core.graph import GraphBuilder  # noqa: F401
-    except ImportError as error:
-        return False, f"cuda.core graph API unavailable ({error}); install cuda-core>=1.0"
-    return True, ""
+    feature = _compat.FEATURES["graph-capture"]
+    return feature.available, feature.why
 
 
 @dataclass(frozen=True)
@@ -61,13 +58,11 @@ def plan_replay(requested, allow_eager_fallback, support):
 
 
 def new_stream():
-    """A stream kernels can be launched on and captured from."""
-    if SIMULATOR or not cuda.is_available():
+    """A stream kernels can be launched on and captured from (numba's own where cuda.core cannot capture:
+    eager replay needs no more)."""
+    if SIMULATOR or not cuda.is_available() or not _compat.FEATURES["graph-capture"].available:
         return cuda.stream()
-    from cuda.core import Device
-    device = Device()
-    device.set_current()
-    return device.create_stream()
+    return _compat.core_stream()
 
 
 def synchronize(stream):
@@ -76,10 +71,7 @@ def synchronize(stream):
 
 def new_graph_builder():
     """A cuda.core ``GraphBuilder`` on the current device (tests replace this to make capture fail)."""
-    from cuda.core import Device
-    device = Device()
-    device.set_current()
-    return device.create_graph_builder()
+    return _compat.core_graph_builder()
 
 
 def capture_graph(kernels):

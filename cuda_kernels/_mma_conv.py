@@ -229,6 +229,12 @@ def mma_supported(x_shape, w_shape, groups):
     return groups == 1 and w_shape[-1] == x_shape[-1]
 
 
+def forward_tile(w_shape, y_size, tiles=None):
+    """The block tile ``choose_tile`` gives the forward of weights ``w_shape`` into ``y_size`` outputs."""
+    c_out, _, _, c_in = w_shape
+    return choose_tile(y_size // c_out, c_out, tiles or (None if c_in % CHUNK == 0 else STEM_TILES))
+
+
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=None):
     """``_conv.conv2d_forward`` on tensor cores where ``mma_supported``, else the SIMT kernel.
     ``tile``: a block tile of ``TILES`` instead of ``choose_tile``'s (tests run GPU tiles in the simulator)."""
@@ -239,7 +245,7 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=No
     pixels = y.size // c_out
     geo = _conv.conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw * c_in)
     aligned = c_in % CHUNK == 0
-    tile = tile or choose_tile(pixels, c_out, None if aligned else STEM_TILES)
+    tile = tile or forward_tile(w.shape, y.size)
     kernels = FORWARD if aligned else FORWARD_ANY_CHANNELS
     grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
     if bn_sums is None:

@@ -163,13 +163,19 @@ DGRAD = {tile: mma_kernel(f"mma_conv2d_backward_data_{tile.name}", (H1, H1, H1, 
          for tile in DGRAD_TILES}
 
 
+def dgrad_tile(w_shape, x_shape, stride):
+    """The block tile ``choose_tile`` gives the input gradient of weights ``w_shape`` into ``x_shape``."""
+    n, h, w_ = x_shape[:3]
+    return choose_tile(n * math.ceil(h / stride) * math.ceil(w_ / stride), w_shape[3], DGRAD_TILES)
+
+
 def conv2d_backward_data(launcher, w, dy, dx, stride, pad, accumulate, tile=None):
     """``dx`` (fp16) overwritten or accumulated; channels of ``dx`` and ``dy`` multiples of 8, groups 1."""
     c_out, kh, kw, c_in = w.shape
     x_shape = tuple(dx.shape)
     n, h, w_ = x_shape[:3]
     class_pixels = n * math.ceil(h / stride) * math.ceil(w_ / stride)
-    tile = tile or choose_tile(class_pixels, c_in, DGRAD_TILES)
+    tile = tile or dgrad_tile(w.shape, x_shape, stride)
     geo = _conv.conv_geometry(x_shape, w.shape, dy.shape, stride, pad, 1, class_pixels, c_in, 0, 0, accumulate)
     grid = (math.ceil(class_pixels / tile.bm), math.ceil(c_in / tile.bn), stride * stride)
     launcher.launch(DGRAD[tile], grid, tile.threads, flat(dy), flat(w), flat(dx), geo)

@@ -25,7 +25,7 @@ from numba import cuda
 
 from ._dynamic_smem import STATIC_SHARED_LIMIT
 from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4_at, ldmatrix_x4_trans_at, mma_m16n8k16, shared_window
-from ._registry import SIMULATOR, ZERO, KernelSpec, nbt
+from ._registry import SIMULATOR, ZERO, KernelSpec, jit_kernel, nbt
 
 BK = 32
 STAGES = 3
@@ -261,7 +261,7 @@ def mma_kernel(name, signature, shared_bytes=0):
     def declare(pyfunc):
         if name in MMA_KERNELS:
             raise ValueError(f"mma_kernel: duplicate kernel name {name!r}")
-        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
+        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc, name), tuple(signature), tuple(inspect.signature(pyfunc).parameters),
                           dynamic_shared_bytes(shared_bytes))
         MMA_KERNELS[name] = spec
         return spec

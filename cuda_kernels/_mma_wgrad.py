@@ -132,12 +132,18 @@ def wgrad_supported(x_shape, w_shape, groups):
     return groups == 1 and w_shape[-1] == x_shape[-1] and w_shape[0] % CHUNK == 0
 
 
+def wgrad_tile(w_shape):
+    """The block tile ``choose_tile`` gives the weight gradient of weights ``w_shape``."""
+    c_out, kh, kw, c_in = w_shape
+    return choose_tile(c_out, kh * kw * c_in, WGRAD_TILES, min_blocks=1)
+
+
 def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
     """``dw`` (fp32, overwritten) of a convolution ``wgrad_supported`` accepts."""
     c_out, kh, kw, c_in = w.shape
     pixels = dy.size // c_out
     gemm_n = kh * kw * c_in
-    tile = tile or choose_tile(c_out, gemm_n, WGRAD_TILES, min_blocks=1)
+    tile = tile or wgrad_tile(w.shape)
     tiles = math.ceil(c_out / tile.bm) * math.ceil(gemm_n / tile.bn)
     splits, chunk = _conv._reduction_split(pixels, tiles, BK)
     geo = _conv.conv_geometry(x.shape, w.shape, dy.shape, stride, pad, 1, c_out, gemm_n, pixels, chunk)

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from numba import cuda
 from numba.cuda import types as nbt
+
+from ._compat import jit_kernel
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 if SIMULATOR:
@@ -105,7 +106,7 @@ def kernel(name, signature):
         argnames = tuple(inspect.signature(pyfunc).parameters)
         if len(argnames) != len(signature):
             raise ValueError(f"kernel {name!r}: {len(argnames)} parameters but {len(signature)} types")
-        spec = KernelSpec(name, pyfunc, cuda.jit(pyfunc), tuple(signature), argnames)
+        spec = KernelSpec(name, pyfunc, jit_kernel(pyfunc, name), tuple(signature), argnames)
         KERNELS[name] = spec
         return spec
     return declare

@@ -4,7 +4,7 @@ The code paths that only a real GPU executes (``_dynamic_smem``'s handle and dri
 copies on a cuda.core stream, graph capture on a ``GraphBuilder``, the NCCL communicator) rely on
 private accessors and on call signatures that no simulator test reaches. Each test here reads the
 installed package (classes, signatures, source) and fails when the assumption stops holding, so a
-package upgrade breaks here and not in a GPU session's first minutes. docs/gpu-first-run.md says where
+package upgrade breaks here and not in a GPU session's first minutes (first_run.sh runs it first: docs/gpu-runbook.md). Each test says where
 each was read. Runs with the real numba.cuda (no simulator), like test_ptx.py; no GPU needed.
 """
 import inspect
@@ -149,9 +149,11 @@ def test_a_new_cuda_core_stream_is_non_blocking_by_default():
 
 
 def test_the_executor_uses_cuda_core_streams_and_builders_on_a_gpu():
-    from cuda_kernels import _graph
-    assert "device.create_stream()" in inspect.getsource(_graph.new_stream)
-    assert "device.create_graph_builder()" in inspect.getsource(_graph.new_graph_builder)
+    from cuda_kernels import _compat, _graph
+    assert "_compat.core_stream()" in inspect.getsource(_graph.new_stream)
+    assert "_compat.core_graph_builder()" in inspect.getsource(_graph.new_graph_builder)
+    assert "device.create_stream()" in inspect.getsource(_compat.core_stream)
+    assert "device.create_graph_builder()" in inspect.getsource(_compat.core_graph_builder)
     capture = inspect.getsource(_graph.capture_graph)
     assert "builder.begin_building()" in capture and "graph.complete()" in capture
 

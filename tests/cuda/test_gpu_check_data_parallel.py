@@ -1,11 +1,6 @@
 """gpu_check's data-parallel section on a device with one GPU (the simulator's): it says so and runs nothing."""
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks._gpu_ddp import SECTION, data_parallel  # noqa: E402
-from benchmarks._gpu_protocol import RecordWriter  # noqa: E402
+from benchmarks.gpu.ddp import SECTION, data_parallel
+from benchmarks.gpu.protocol import RecordWriter
 
 
 def test_one_gpu_is_reported_and_nothing_runs(tmp_path, capsys):

@@ -1,10 +1,9 @@
-"""`gpu_check.py`'s first-run safety, in the simulator with stand-ins for what only a GPU has: the preflight
-(``_gpu_preflight``: each GPU-only assumption tried alone, PASS / FAIL / SKIP with the error), a crashed
+"""`benchmarks.gpu.check`'s first-run safety, in the simulator with stand-ins for what only a GPU has: the preflight
+(``benchmarks.gpu.preflight``: each GPU-only assumption tried alone, PASS / FAIL / SKIP with the error), a crashed
 unit's traceback in its record, and a time limit's SIGTERM recorded as "interrupted" with the summary."""
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,14 +11,11 @@ import pytest
 from cuda.bindings import driver
 from numba import cuda
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from benchmarks import _gpu_preflight  # noqa: E402
-from benchmarks._gpu_preflight import CHECKS, Check, preflight  # noqa: E402
-from benchmarks._gpu_protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm  # noqa: E402
-from cuda_kernels import _dynamic_smem, _graph  # noqa: E402
+from benchmarks.gpu import preflight as gpu_preflight
+from benchmarks.gpu.preflight import CHECKS, Check, preflight
+from benchmarks.gpu.protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm
+from cuda_kernels import _dynamic_smem, _graph
 
 ATTRIBUTE = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]   # the simulator's dropout hash
@@ -52,8 +48,8 @@ def gpu_stand_ins(monkeypatch):
         made = cuda.stream()
         made.is_nonblocking = True
         return made
-    monkeypatch.setattr(_gpu_preflight, "SIMULATOR", False)
-    monkeypatch.setattr(_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
+    monkeypatch.setattr(gpu_preflight, "SIMULATOR", False)
+    monkeypatch.setattr(gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
     monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
     monkeypatch.setattr(_dynamic_smem, "loaded_handle", lambda spec: (driver.CUkernel(0x5a), 0))
     monkeypatch.setattr(driver, "cuKernelSetAttribute", set_attribute)
@@ -74,7 +70,7 @@ def test_every_preflight_check_passes_on_the_stand_ins_and_the_kernels_equal_num
     checks = {c["name"]: c for c in record["checks"]}
     assert list(checks) == ["stream", "handle", "shared-limit", "mma-forward", "mma-dynamic", "graph"]
     assert all(c["status"] == "PASS" for c in checks.values()), checks
-    wide = _gpu_preflight._wide_dgrad_spec()
+    wide = gpu_preflight._wide_dgrad_spec()
     assert checks["handle"]["detail"] == f"{wide.name}: CUkernel 0x5a on device 0"
     assert checks["shared-limit"]["detail"] == (f"{wide.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES = "
                                                 f"{wide.dynamic_shared_bytes} (read back); sm_90 opts in to 232448 "
@@ -104,7 +100,7 @@ def test_a_broken_assumption_fails_its_own_check_and_no_unrelated_one(tmp_path, 
         raise RuntimeError("capture refused (stand-in)")
     changes = {"loaded_handle": (_dynamic_smem, "loaded_handle", lambda spec: (0x5a, 0)),
                "get": (driver, "cuKernelGetAttribute", lambda *a: (driver.CUresult.CUDA_SUCCESS, 48 * 1024)),
-               "optin": (_gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
+               "optin": (gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
                "capture": (_graph, "capture_graph", refuse),
                "empty graph": (_graph, "capture_graph", lambda kernels: SimpleNamespace(launch=lambda s: None))}
     monkeypatch.setattr(*changes[stand_in])
@@ -180,14 +176,14 @@ def test_sigterm_records_the_running_unit_as_interrupted_and_stops_the_run(tmp_p
 
 @pytest.mark.parametrize("mode", [["--quick"], []], ids=["quick", "full"])
 def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(tmp_path, monkeypatch, mode):
-    from benchmarks import gpu_check
+    from benchmarks.gpu import check as gpu_check
 
     def first_section(out, failures):
         out.write("compile", "ok")
         with Unit(out, "step-check tiny", failures):
             raise Interrupted("SIGTERM received (stand-in)")
     monkeypatch.setattr(gpu_check.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(gpu_check, "_versions", lambda out, failures: out.write("versions", "ok"))
+    monkeypatch.setattr(gpu_check, "write_versions", lambda out, failures: out.write("versions", "ok"))
     monkeypatch.setattr(gpu_check, "preflight", lambda out, failures: out.write("preflight", "ok"))
     monkeypatch.setattr(gpu_check, "run_quick", lambda out, budget, failures, *rest: first_section(out, failures))
     monkeypatch.setattr(gpu_check, "new_stream", lambda: "stream")
@@ -197,7 +193,9 @@ def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(t
     status = gpu_check.main(mode + ["--json", str(tmp_path / "q.jsonl")])
     records = _records(tmp_path / "q.jsonl")
     assert status == 1
-    assert [(r["unit"], r["status"]) for r in records] == [("versions", "ok"), ("preflight", "ok"), ("compile", "ok"),
+    # --quick runs its preflight inside run_quick (quick_run.py: each check in its own process, after the warm-up)
+    preflight = [] if mode == ["--quick"] else [("preflight", "ok")]
+    assert [(r["unit"], r["status"]) for r in records] == [("versions", "ok"), *preflight, ("compile", "ok"),
                                                            ("step-check tiny", "interrupted"),
                                                            ("summary", "interrupted")]
     assert records[-1]["verdict"] == "INTERRUPTED: Interrupted: SIGTERM received (stand-in)"

@@ -1,16 +1,14 @@
-"""`benchmarks/gpu_check.py --quick`'s device path, run in the simulator on a tiny stand-in network, so
+"""`python -m benchmarks.gpu.check --quick`'s device path, run in the simulator on a tiny stand-in network, so
 that a first GPU run does not discover its bugs: every unit writes its record, graph capture made to
-fail falls back to eager and the records and the paste line say so (issue 11, items 3-4)."""
+fail falls back to eager and the records and the paste line say so (issue 11, items 3-4). The units run
+in this process (``isolate.run_in_process``: the monkeypatched model reaches them), the budget on a
+frozen clock (the outcome cannot depend on this machine's speed); isolation itself:
+tests/null/test_gpu_isolate.py and test_gpu_quick_run.py."""
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
@@ -23,9 +21,11 @@ def tiny():
 
 
 def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path, monkeypatch):
-    from benchmarks import _gpu_quick, _gpu_steps, _gpu_timing
-    from benchmarks._gpu_protocol import RecordWriter
-    from benchmarks._gpu_step_common import Budget, StepModel
+    from benchmarks.gpu import quick, quick_run, steps, timing
+    from benchmarks.gpu.isolate import run_in_process
+    from benchmarks.gpu.protocol import RecordWriter
+    from benchmarks.gpu.budget import Budget, FrozenClock
+    from benchmarks.gpu.step_common import StepModel
     from cuda_kernels import _graph
 
     def refuse(kernels):
@@ -34,16 +34,20 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     monkeypatch.setattr(_graph, "capture_graph", refuse)
     model = StepModel("tiny", tiny, 4, 4, "a stand-in for resnet18-cifar")
     for name in ("QUICK_CHECK", "QUICK_REPLAY", "QUICK_TIMING"):
-        monkeypatch.setattr(_gpu_quick, name, model)
-    monkeypatch.setattr(_gpu_timing, "TIMED_S", 0.05)
-    monkeypatch.setattr(_gpu_steps, "REPLAY_STEPS", 2)
+        monkeypatch.setattr(quick, name, model)
+    monkeypatch.setattr(timing, "TIMED_S", 0.05)
+    monkeypatch.setattr(steps, "REPLAY_STEPS", 2)
     out = RecordWriter(str(tmp_path / "quick.jsonl"))
     failures, skipped, notes = [], [], []
-    summary = _gpu_quick.run_quick(out, Budget(240), failures, skipped, notes)
+    summary = quick_run.run_quick(out, Budget(480, clock=FrozenClock()), failures, skipped, notes,
+                                  runner=run_in_process, warmup_names=["sgd_step"], tile_names=(),
+                                  check_names=("graph",))
     out.close()
     records = {r["unit"]: r for r in map(json.loads, (tmp_path / "quick.jsonl").read_text().splitlines())}
-    assert list(records) == ["compile", "step-check tiny", "graph-vs-eager tiny", "step-timing tiny",
-                             "breakdown tiny", "torch.compile tiny"]
+    assert list(records) == ["compile", "preflight", "tiles", "step-check tiny", "graph-vs-eager tiny",
+                             "step-timing tiny", "torch.compile tiny", "breakdown tiny"]
+    graph_check, = records["preflight"]["checks"]   # the capture this test refuses: its FAIL, before any step
+    assert records["preflight"]["status"] == "failed" and graph_check["error"] == "RuntimeError: capture refused (test)"
     assert records["step-check tiny"]["status"] == "ok", records["step-check tiny"]
     assert np.isfinite(summary["max_err"]) and summary["max_err"] < 2e-2
     replay = records["graph-vs-eager tiny"]
@@ -65,6 +69,6 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
         assert row["measured_ms"] > 0 and row["predicted_ms"] > 0
         assert row["ratio"] == pytest.approx(row["measured_ms"] / row["predicted_ms"])
     assert layers["conv 3>8 k3s1 4px #0", "forward"]["kernels"][0].startswith("mma_conv2d_forward")
-    line = _gpu_quick.summary_line(summary)
+    line = quick.summary_line(summary)
     assert line.startswith("gpu: tiny 4 ours ") and "(eager fallback) torch-eager-amp n/a ratio n/a" in line
     assert "| max err vs cpu " in line and "arena " in line

@@ -159,7 +159,7 @@ def test_gpu_check_static_writes_one_record_per_kernel_and_architecture(monkeypa
     """``gpu_check.py --static`` (item 5 of issue 12) on one kernel, the 128x128 input gradient (dynamic shared
     memory): its printed row and JSON Lines records carry what the PTX tier checks above."""
     import json
-    from benchmarks._gpu_static import static_main
+    from benchmarks.gpu.static import static_main
     name, tile = "mma_conv2d_backward_data_128x128x32", TILES[0]
     monkeypatch.setattr(_mma_kernels, "all_mma_kernels", lambda: {name: MMA_KERNELS[name]})
     out = tmp_path / "static.jsonl"

@@ -1,4 +1,5 @@
-"""`benchmarks/gpu_check.py --dry-run`, the CPU-side self-test of the GPU check, run as CI runs it.
+"""`python -m benchmarks.gpu.check --dry-run`, the CPU-side self-test of the GPU check, run as CI runs it,
+and `bash benchmarks/gpu/first_run.sh --dry` (its --quick form, as the runbook runs it on a GPU).
 
 The dry run needs no GPU and no CUDA simulator: it type-checks every kernel launch of the kernel
 sections against the kernel table, compiles the plans of the whole-step sections (step-check,
@@ -26,7 +27,8 @@ SECTIONS = ["cross-check rows at batch", "timing rows at batch", "graph-vs-eager
 MODELS = ["resnet20", "resnet50@128", "mobilenet_v2@128-nodrop", "mobilenet_v2@64", "resnet18-cifar", "resnet50",
           "mobilenet_v2", "resnet18-tv32"]
 QUICK_UNITS = ["versions", "compile", "step-check resnet20", "graph-vs-eager resnet20", "step-timing resnet18-cifar",
-               "breakdown resnet18-cifar", "torch.compile resnet18-cifar", "summary"]
+               "breakdown resnet18-cifar", "torch.compile resnet18-cifar", "estimate", "summary"]
+FIRST_RUN_FILES = {"assumptions.txt", "gpu.jsonl", "log.txt", "summary.txt"}
 VERSION_FIELDS = ["python", "numpy", "numba", "numba-cuda", "cuda-core", "cuda-bindings", "torch", "torch_cuda",
                   "driver_cuda", "gpu", "sm_count", "clocks", "planner_build"]
 # issue 11: gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> |
@@ -45,17 +47,29 @@ def _env():
 
 @pytest.fixture(scope="module")
 def dry_run():
-    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run"], cwd=REPO, env=_env(),
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu.check", "--dry-run"], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_check") / "quick.jsonl"
-    run = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json", str(out)],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
-    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    return run, records
+def first_run(tmp_path_factory):
+    """``bash benchmarks/gpu/first_run.sh --dry OUT`` as the runbook has it, with this Python: the assumptions
+    test, then ``--dry-run --quick``; ``(the script's run, the check's stdout, its records, OUT)``."""
+    out = tmp_path_factory.mktemp("first_run")
+    run = subprocess.run(["bash", "benchmarks/gpu/first_run.sh", "--dry", str(out)], cwd=REPO,
+                         env=dict(_env(), PYTHON=sys.executable), capture_output=True, text=True, timeout=900)
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    records = [json.loads(line) for line in (out / "gpu.jsonl").read_text().splitlines()] \
+        if (out / "gpu.jsonl").exists() else []
+    return run, log, records, out
+
+
+@pytest.fixture(scope="module")
+def quick(first_run):
+    run, log, records, _ = first_run
+    check_output = log.split("check: exit")[0]
+    return subprocess.CompletedProcess(run.args, 0 if "check: exit 0" in log else 1, check_output, run.stderr), \
+        records
 
 
 def test_dry_run_exits_0(dry_run):
@@ -118,18 +132,33 @@ def test_quick_dry_run_prints_the_estimate_and_ends_with_the_paste_line(quick):
     assert records[-1]["paste"] == lines[-1]
     # the estimate is built from times measured here (compile_ptx, a CPU step), which a loaded machine
     # stretches: check that it is printed and that its verdict follows its total, not the total itself
-    estimate = [line for line in lines if "total, fits the 240 s budget" in line or "DOES NOT FIT" in line]
-    total = records[-1]["estimate_s"]
+    estimate = [line for line in lines if " s  total: " in line]
+    total, share = records[-1]["estimate_s"], records[-1]["estimate_share"]
     assert len(estimate) == 1 and total > 0, estimate
-    assert ("DOES NOT FIT" in estimate[0]) == (total > 240), (total, estimate)
-    assert f"{total:6.1f} s  total" in estimate[0], (total, estimate)
+    assert f"{total:6.1f} s  total: {share:.0%} of the 480 s budget" in estimate[0], (total, estimate)
+    assert ("within the 70% target" in estimate[0]) == (share <= 0.70), estimate
+    terms = next(r for r in records if r["unit"] == "estimate")["terms"]
+    assert any("46 tensor-core kernels" in what for what in terms), terms     # every kernel the warm-up JITs
+    assert any("start-up" in what for what in terms), terms
+
+
+def test_first_run_dry_writes_at_most_8_files_and_prints_the_paste_line_last(first_run):
+    run, log, records, out = first_run
+    assert run.returncode == 0, f"stdout:\n{run.stdout[-3000:]}\nstderr:\n{run.stderr[-3000:]}"
+    files = {p.name for p in out.rglob("*") if p.is_file()}
+    assert files == FIRST_RUN_FILES and len(files) <= 8, files
+    assert PASTE_LINE.match(run.stdout.strip().splitlines()[-1]), run.stdout[-2000:]
+    assert "assumptions: passed with this machine's packages" in log, log[:2000]
+    assert records[0]["unit"] == "versions" and records[0]["planner_build"] == "pure-python"
+    summary = (out / "summary.txt").read_text()
+    assert "dry run ok" in summary and "check: exit 0" in summary, summary
 
 
 def test_a_killed_run_keeps_every_finished_record(tmp_path):
     """Killed (SIGKILL, no clean-up) right after its second record was announced: the file holds at
     least those records, each a complete JSON line, the versions record first."""
     out = tmp_path / "killed.jsonl"
-    process = subprocess.Popen([sys.executable, "-u", "benchmarks/gpu_check.py", "--dry-run", "--quick", "--json",
+    process = subprocess.Popen([sys.executable, "-u", "-m", "benchmarks.gpu.check", "--dry-run", "--quick", "--json",
                                 str(out)], cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     seen = []

@@ -1,4 +1,4 @@
-"""The tensor-core performance model of ``benchmarks/_gpu_model.py`` (predictions only; no GPU).
+"""The tensor-core performance model of ``benchmarks/gpu/model.py`` (predictions only; no GPU).
 
 Checks what the model must get right whatever its constants: the convolutions it walks, that no
 prediction beats the tensor-core peak it assumes, that a 3-channel stem is predicted with its
@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("numba", reason="the performance model reads the tile tables of cuda_kernels, which needs numba "
                                     "(pip install numba numba-cuda)")
-from benchmarks._gpu_model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions  # noqa: E402
-from benchmarks._gpu_step_common import resnet18_cifar_blueprint, zoo_model  # noqa: E402
+from benchmarks.gpu.model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions  # noqa: E402
+from benchmarks.gpu.step_common import resnet18_cifar_blueprint, zoo_model  # noqa: E402
 
 
 def test_resnet50_has_53_convolutions_at_the_torchvision_sizes():
@@ -77,8 +77,8 @@ def test_a_tile_whose_warps_do_not_divide_it_is_refused():
 # ---- measured vs predicted per layer (gpu_check --quick's breakdown), on hand-made entries -------------------
 from types import SimpleNamespace  # noqa: E402
 
-from benchmarks._gpu_kernels import compare_families  # noqa: E402
-from benchmarks._gpu_layers import per_layer  # noqa: E402
+from benchmarks.gpu.kernels import compare_families  # noqa: E402
+from benchmarks.gpu.layers import per_layer  # noqa: E402
 from cuda_kernels._gemm import GEOMETRY_FIELDS  # noqa: E402
 
 

@@ -8,7 +8,7 @@ from cuda_kernels._graph import StepRunner, synchronize
 from cuda_kernels._tape import LaunchTape
 from planner.ops import Prim
 
-from ._gpu_kernel_cases import DeviceMemory
+from .kernel_cases import DeviceMemory
 
 TOLERANCES = {"fp16": (2e-3, 2e-3), "fp32": (1e-4, 1e-5), "stats": (1e-3, 1e-4), "exact": (0.0, 0.0)}
 

@@ -4,7 +4,7 @@ A short-lived GPU session should learn at once *which* assumption failed, not fi
 in the middle of a training step. Each check below is tiny, runs in isolation (an exception is that
 check's FAIL, with its type, message and traceback tail; the next check runs) and prints PASS, FAIL
 or SKIP; together they are one record, unit "preflight". What each check assumes, and where that was
-read in the installed packages: docs/gpu-first-run.md.
+read in the installed packages: tests/cuda/test_gpu_assumptions.py (docs/gpu-runbook.md).
 
     stream         _graph.new_stream(): a non-blocking cuda.core stream (all later checks run on it)
     handle         _dynamic_smem.loaded_handle: numba-cuda's private accessor chain gives a CUkernel or
@@ -62,7 +62,7 @@ def check_handle(stream):
     if not isinstance(handle, (driver.CUkernel, driver.CUfunction)) or not isinstance(device, int):
         raise TypeError(f"{spec.name}: expected (CUkernel or CUfunction, int device), got "
                         f"({type(handle).__name__}, {type(device).__name__}) from numba-cuda's "
-                        f"_codelibrary.get_cufunc(); fix _dynamic_smem.loaded_handle")
+                        f"_compat.loaded_handle; fix cuda_kernels/_compat.py")
     return f"{spec.name}: {type(handle).__name__} {int(handle):#x} on device {device}"
 
 
@@ -206,8 +206,8 @@ def check_graph(stream):
 
 
 CHECKS = (
-    Check("handle", "numba-cuda 0.30: kernel.compile(sig)._codelibrary.get_cufunc() -> .handle (CUkernel), "
-                    ".device.id", check_handle),
+    Check("handle", "numba-cuda 0.30: _compat.loaded_handle(kernel.compile(sig)) -> (CUkernel, device id)",
+          check_handle),
     Check("shared-limit", "cuda.bindings 13: cuKernelSetAttribute(attrib, val, kernel, dev) sets "
                           "MAX_DYNAMIC_SHARED_SIZE_BYTES", check_shared_limit),
     Check("mma-forward", "inline-PTX mma.sync / ldmatrix / cp.async kernels run and equal numpy", check_mma_forward),
@@ -235,7 +235,7 @@ def run_check(check, stream):
     return result
 
 
-def _stream_check(made):
+def stream_check(made):
     """The first check: the run's stream (``_graph.new_stream``), kept in ``made["stream"]``."""
     def make(_):
         stream = made["stream"] = _graph.new_stream()
@@ -249,10 +249,10 @@ def preflight(out, failures, checks=CHECKS):
     """Make a stream, run every check on it (on the legacy default stream if none could be made), print each
     verdict, write one "preflight" record; a FAIL is a failure of the run (named in ``failures``), and the run
     goes on with its sections. Returns the checks' results."""
-    from ._gpu_protocol import Unit
+    from .protocol import Unit
     with Unit(out, "preflight", failures) as unit:
         made, results = {}, []
-        for check in (_stream_check(made),) + tuple(checks):
+        for check in (stream_check(made),) + tuple(checks):
             result = run_check(check, made.get("stream", 0))
             results.append(result)
             print(f"  {result['status']} {check.name} ({result['seconds']:.1f} s): "

@@ -1,10 +1,10 @@
-"""``gpu_check.py --static``: static facts of every tensor-core kernel, no GPU needed.
+"""``benchmarks.gpu.check --static``: static facts of every tensor-core kernel, no GPU needed.
 
 One record per kernel and architecture (sm_80, sm_90): registers, spill bytes, stack bytes,
 static shared memory (``ptxas -v``), the dynamic shared memory it is launched with (tiles above
 48 KB) and whether both fit the architecture, mma / ldmatrix / cp.async instructions per main-loop
 iteration (one warp; the loop body is emitted once), and the predicted steady-state TFLOP/s
-of its tile on an H200 (``_gpu_model``: a prediction, not a measurement).
+of its tile on an H200 (``model``: a prediction, not a measurement).
 """
 import json
 from types import SimpleNamespace
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
 from cuda_kernels._mma_tiles import BK, CHUNK, TILES
 
-from ._gpu_model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
+from .model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
 
 ARCHS = ((8, 0), (9, 0))
 
@@ -76,7 +76,7 @@ def static_main(json_path=None):
               f"{r.get('shared_bytes', '-'):>6} {r['dynamic_shared_bytes']:>6} {r['mma_per_iteration_block']:>6} "
               f"{r.get('predicted_tflops', '-'):>12}")
     print("smem: static shared bytes (ptxas -v); dyn: dynamic shared bytes at launch (its limit raised first)")
-    print("predicted TFLOP/s: steady state on an H200, a model (benchmarks/_gpu_model.py), not a measurement")
+    print("predicted TFLOP/s: steady state on an H200, a model (benchmarks/gpu/model.py), not a measurement")
     if json_path:   # JSON Lines, like every other --json of gpu_check
         with open(json_path, "w") as f:
             f.writelines(json.dumps(record) + "\n" for record in records)

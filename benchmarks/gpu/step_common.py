@@ -1,14 +1,13 @@
 """What the step-* sections of the GPU check share: their models and which of them ``--only``
 selects, plans, batches and the optimizer, tensor comparisons, device-memory release, the run's
-time budget and crash reports."""
+crash reports."""
 import math
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from numba import cuda
+
 
 # The step-* sections run whole training steps of CompiledPlans on ``cuda_kernels.CudaExecutor``
 # (fused AMP plans): against the fp32 CPU path (step-check), graph replay against eager replay
@@ -52,10 +51,7 @@ class StepModel:
 
 def torch_models():
     """tests/support/torch_models.py (torchvision's definitions, and CIFAR nets of its blocks)."""
-    support = str(Path(__file__).resolve().parents[1] / "tests" / "support")
-    if support not in sys.path:
-        sys.path.insert(0, support)
-    import torch_models
+    from tests.support import torch_models   # run from the repository root (python -m benchmarks.gpu.check)
     return torch_models
 
 
@@ -212,27 +208,6 @@ def release_device_memory():
         torch = sys.modules["torch"]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-class Budget:
-    """The run's time budget (``--budget`` seconds from the start)."""
-
-    def __init__(self, seconds, started=None):
-        self.seconds = seconds
-        self.deadline = (started or time.time()) + seconds
-
-    def left(self):
-        return self.deadline - time.time()
-
-    def allows(self, seconds, what, skipped):
-        """True if ``seconds`` are left; otherwise say so and add ``what`` to ``skipped``."""
-        if self.left() >= seconds:
-            return True
-        message = f"{what}: NOT RUN, {max(self.left(), 0):.0f} s of the {self.seconds:.0f} s budget left " \
-                  f"(needs ~{seconds:.0f} s; raise --budget)"
-        print(f"  {message}")
-        skipped.append(message)
-        return False
 
 
 def report_crash(what, error, problems):

@@ -13,10 +13,10 @@ from cuda_kernels._graph import graph_support
 from cuda_kernels._mma_kernels import all_mma_kernels
 from cuda_kernels._registry import all_kernels
 
-from ._gpu_kernel_cases import CHECK_BATCH, TIMING_BATCH, DryLauncher, HostStandIns, table
-from ._gpu_kernels import graph_case
-from ._gpu_step_common import MIB, StepModel, compile_step_plan, relative_errors, sgd, step_selection, torch_models
-from ._gpu_timing import format_timing_table, make_torch_step, torch_inputs
+from .kernel_cases import CHECK_BATCH, TIMING_BATCH, DryLauncher, HostStandIns, table
+from .kernels import graph_case
+from .step_common import MIB, StepModel, compile_step_plan, relative_errors, sgd, step_selection, torch_models
+from .timing import format_timing_table, make_torch_step, torch_inputs
 
 
 def host_arena_class():
@@ -60,7 +60,7 @@ class _TapeStandIn(DryLauncher):
         return len(self.names)
 
 
-class _EventStandIn:
+class EventStandIn:
     """In a CUDA event's place (the dry run has no device)."""
 
     def record(self, stream):
@@ -86,7 +86,7 @@ def _patched(module, **names):
     missing = sorted(n for n in names if not hasattr(module, n))
     if missing:
         raise RuntimeError(f"dry run: {module.__name__} no longer has {missing}; update "
-                           f"dry_record_train_step (benchmarks/_gpu_dry.py) to the executor's new structure")
+                           f"dry_record_train_step (benchmarks/gpu/dry.py) to the executor's new structure")
     saved = {n: getattr(module, n) for n in names}
     for n, value in names.items():
         setattr(module, n, value)
@@ -117,7 +117,7 @@ def dry_record_train_step(plan, optimizer):
     with _patched(executor_module, cuda_unavailable_reason=lambda: "", DeviceArena=host_arena_class(),
                   new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=_TapeStandIn,
                   StepRunner=_RunnerStandIn), \
-            _patched(transfer_module, pinned_empty=np.empty, new_event=_EventStandIn):
+            _patched(transfer_module, pinned_empty=np.empty, new_event=EventStandIn):
         ex = DryExecutor(plan, optimizer=optimizer, seed=0, replay="eager")
         runner = ex._runner(ex._variant_for(plan.variants["train"].input_shape, "train"), "train")
     order = runner.tape.order

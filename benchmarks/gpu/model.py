@@ -192,10 +192,10 @@ def model_table(shapes, gpu=H200):
 
 def print_conv_predictions(models=None):
     """The ``--dry-run`` table: per convolution of each model, predicted mma and SIMT times."""
-    from ._gpu_step_common import resnet18_cifar_blueprint, zoo_model
+    from .step_common import resnet18_cifar_blueprint, zoo_model
     models = models or (("resnet50 b256 224x224", zoo_model("resnet50", 1000), 256, 224),
                         ("resnet18-cifar b512 32x32", resnet18_cifar_blueprint, 512, 32))
-    print(f"\nPREDICTED convolution times on an {H200.name} (a model, not a measurement; benchmarks/_gpu_model.py)")
+    print(f"\nPREDICTED convolution times on an {H200.name} (a model, not a measurement; benchmarks/gpu/model.py)")
     for label, make, batch, hw in models:
         rows, total_mma, total_simt = model_table(conv_shapes(make(), batch, hw))
         print(f"\n  {label}: {len({id(r[0]) for r in rows})} convolutions, forward + dgrad + wgrad")

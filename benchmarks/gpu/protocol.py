@@ -80,6 +80,14 @@ def _torch_fields():
     return fields
 
 
+def _cuda_features():
+    """What this install lacks and the fallback taken (``cuda_kernels._compat``), and the excluded tiles."""
+    from cuda_kernels import _compat, _tile_exclusions
+    fields = {name: feature.record() for name, feature in _compat.features().items()}
+    fields["excluded_tiles"] = _tile_exclusions.format_exclusions(_tile_exclusions.EXCLUDED)
+    return fields
+
+
 def versions_record():
     """Everything that decides what the numbers mean; fields that cannot be read here say why."""
     import planner
@@ -89,6 +97,7 @@ def versions_record():
     record.update(_device_fields())
     record.update(_nvidia_smi())
     record["planner_build"] = planner.build_kind()
+    record["cuda_features"] = _cuda_features()
     record["numba_cuda_simulator"] = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "1"
     return record
 
@@ -144,7 +153,7 @@ class Interrupted(BaseException):
 
 
 def interrupt_on_sigterm():
-    """From now on SIGTERM raises ``Interrupted`` in the main thread (``gpu_check.main`` installs it)."""
+    """From now on SIGTERM raises ``Interrupted`` in the main thread (``check.main`` installs it)."""
     import signal
 
     def stop(signum, frame):
@@ -175,7 +184,7 @@ class Unit:
         seconds = time.time() - self.started
         if error is not None:
             if isinstance(error, Exception):
-                from ._gpu_step_common import report_crash
+                from .step_common import report_crash
                 report_crash(self.name, error, self.failures)
             why = {"error": f"{type(error).__name__}: {error}", "traceback": traceback_tail(error)}
             self.out.write(self.name, "crashed" if isinstance(error, Exception) else "interrupted", seconds,
@@ -188,11 +197,14 @@ class Unit:
 
 # ---- the per-kernel breakdown of one step -----------------------------------------------------------------
 
-def timed_replay(entries, stream, new_event):
+def timed_replay(entries, stream, new_event, before=None):
     """Run ``entries`` (a recorded step: transfers and kernels) once on ``stream`` with an event
     recorded before the first and after each entry; ``[(kind, name, ms)]`` per entry. Eager replay:
-    an event between launches costs ~1 us of device time, so the sum is a little above a graph step."""
+    an event between launches costs ~1 us of device time, so the sum is a little above a graph step.
+    ``before(stream)`` runs first, untimed (``spin.spin_before``: the queue stays ahead of the host)."""
     events = [new_event() for _ in range(len(entries) + 1)]
+    if before is not None:
+        before(stream)
     events[0].record(stream)
     for entry, after in zip(entries, events[1:]):
         entry.run(stream)

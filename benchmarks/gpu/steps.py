@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from ._gpu_step_common import (CHECK_LR, CHECK_SCALES, GRAD_TOL, LOSS_TOL, MOMENTUM, NORM_FLOOR, REPLAY_LOSS_TOL,
+from .step_common import (CHECK_LR, CHECK_SCALES, GRAD_TOL, LOSS_TOL, MOMENTUM, NORM_FLOOR, REPLAY_LOSS_TOL,
                                REPLAY_SCALE, REPLAY_STATE_TOL, REPLAY_STEPS, SECTION_RESERVE_S, compile_step_plan,
                                relative, relative_errors, release_device_memory, report_crash, sgd, step_batches,
                                train_runner, worst)
@@ -28,7 +28,7 @@ def step_check(models, budget, failures, skipped):
             continue
         started = time.time()
         try:
-            results.append(_step_check_one(model, CpuExecutor, CudaExecutor, failures))
+            results.append(step_check_one(model, CpuExecutor, CudaExecutor, failures))
         except Exception as error:
             report_crash(f"step-check {model.name}", error, failures)
         release_device_memory()
@@ -36,7 +36,7 @@ def step_check(models, budget, failures, skipped):
     return results
 
 
-def _step_check_one(model, CpuExecutor, CudaExecutor, failures):
+def step_check_one(model, CpuExecutor, CudaExecutor, failures):
     print(f"  {model.label}: {model.about}")
     plan, reference_plan = compile_step_plan(model), compile_step_plan(model, fuse=False, amp=False)
     (x, y), = step_batches(model, 1)
@@ -113,7 +113,7 @@ def step_replay(models, budget, failures, skipped):
             continue
         started = time.time()
         try:
-            results.append(_step_replay_one(model, CudaExecutor, failures))
+            results.append(step_replay_one(model, CudaExecutor, failures))
         except Exception as error:
             report_crash(f"step-replay {model.name}", error, failures)
         release_device_memory()
@@ -121,7 +121,7 @@ def step_replay(models, budget, failures, skipped):
     return results
 
 
-def _step_replay_one(model, CudaExecutor, failures):
+def step_replay_one(model, CudaExecutor, failures):
     print(f"  {model.label}: {model.about}; {REPLAY_STEPS} steps, loss scale starts at 2^{math.log2(REPLAY_SCALE):.0f}")
     plan = compile_step_plan(model)
     modes = {"graph": "graph", "eager": "eager", "eager again": "eager"}

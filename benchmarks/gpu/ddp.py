@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 def data_parallel(out, failures, notes):
     from numba import cuda
 
-    from ._gpu_protocol import Unit
+    from .protocol import Unit
     gpus = len(cuda.gpus)
     with Unit(out, SECTION, failures) as unit:
         unit.fields["gpus"] = gpus

@@ -1,6 +1,6 @@
 """Measured against predicted, per layer: the convolution and linear launches of one recorded training
-step, each timed by CUDA events around it (``_gpu_protocol.timed_replay``), joined with
-``_gpu_model``'s PREDICTION for the same layer, pass and kernel family, so that the first GPU run
+step, each timed by CUDA events around it (``protocol.timed_replay``), joined with
+``model``'s PREDICTION for the same layer, pass and kernel family, so that the first GPU run
 tells whether the model or the kernel is wrong (a ratio far from 1 on one pass of one shape points
 at that kernel; on every row alike, at the model).
 
@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from cuda_kernels._gemm import GEOMETRY_FIELDS
 
-from ._gpu_model import ConvShape, predict_conv
+from .model import ConvShape, predict_conv
 
 # kernel-name fragment -> pass of ``predict_conv``; the first that the name contains wins
 PASSES = (("backward_data", "dgrad"), ("backward_weight", "wgrad"), ("forward", "forward"))
@@ -30,7 +30,7 @@ def gemm_pass(kernel_name):
         if fragment in kernel_name:
             return kind
     raise ValueError(f"gemm_pass: kernel {kernel_name!r} takes a convolution geometry but its name contains none "
-                     f"of {[f for f, _ in PASSES]}; add its pass to PASSES (benchmarks/_gpu_layers.py)")
+                     f"of {[f for f, _ in PASSES]}; add its pass to PASSES (benchmarks/gpu/layers.py)")
 
 
 def launch_geometry(entry):
@@ -101,7 +101,7 @@ def _predict(key, kind, kernels, first):
 
 
 def format_layers(rows, label):
-    lines = [f"  measured vs PREDICTED per layer ({label}; predictions: benchmarks/_gpu_model.py):",
+    lines = [f"  measured vs PREDICTED per layer ({label}; predictions: benchmarks/gpu/model.py):",
              f"  {'layer':30s} {'pass':7s} {'launches':>8s} {'measured ms':>11s} {'predicted ms':>12s} "
              f"{'ratio':>7s}  bound / kernels"]
     for r in rows:

@@ -1,56 +1,53 @@
 """GPU check of the CUDA path: a one-shot protocol for a short-lived GPU (600 s per command).
 
-    python benchmarks/gpu_check.py --quick --json gpu.jsonl    # the first run: 240 s budget, JIT included
-    python benchmarks/gpu_check.py --json gpu.jsonl            # everything (sized for an H200, under 8 minutes)
-    python benchmarks/gpu_check.py --dry-run --quick --json out.jsonl   # CPU only (CI): no GPU, no simulator
-    python benchmarks/gpu_check.py --only conv                 # kernel rows / step sections by name
-    python benchmarks/gpu_check.py --static --json k.jsonl     # tensor-core kernels: ptxas figures (no GPU)
+    bash benchmarks/gpu/first_run.sh OUT                          # the first run (docs/gpu-runbook.md)
+    python -m benchmarks.gpu.check --quick --json gpu.jsonl       # what it runs: 480 s budget, JIT included
+    python -m benchmarks.gpu.check --json gpu.jsonl               # everything (sized for an H200, under 8 minutes)
+    python -m benchmarks.gpu.check --dry-run --quick --json out.jsonl   # CPU only (CI): no GPU, no simulator
+    python -m benchmarks.gpu.check --only conv                    # kernel rows / step sections by name
+    python -m benchmarks.gpu.check --static --json k.jsonl        # tensor-core kernels: ptxas figures (no GPU)
 
 Every run first writes the versions record (Python, numpy, numba, numba-cuda, cuda-core,
 cuda-bindings, torch and its CUDA, driver, GPU name, SM count, clocks, planner build), on a GPU then
-the preflight (``_gpu_preflight``: each assumption only a GPU can check, alone, in seconds: PASS /
+the preflight (``preflight``: each assumption only a GPU can check, alone, in seconds: PASS /
 FAIL with the error), then one JSON Lines record per finished unit, flushed at once: a run cut off
 by a time limit keeps everything it measured (on SIGTERM the unit running records "interrupted" and
 a summary follows; a unit that raises records "crashed" with its traceback's tail and the next
-runs). ``--quick`` runs, in this order: a cold compile of every kernel (timed),
-one training step of resnet20 against the fp32 CPU path, graph-versus-eager replay of resnet20,
-resnet18-CIFAR b256 images/s against PyTorch eager AMP channels_last, a per-kernel time breakdown
-of one step (CUDA events around each tape entry, eager replay), torch.compile if time is left; it
-ends with one line to paste:
+runs). ``--quick`` runs each unit in its own process (quick_run.py: warm-up compile, preflight, every tile,
+step-check resnet20, graph-vs-eager resnet20, resnet18-CIFAR b256 images/s against PyTorch eager AMP
+channels_last and torch.compile if time is left, a per-kernel breakdown of one step); it ends with one
+line to paste:
 
     gpu: <model> <batch> ours <img/s> (graph) torch-eager-amp <img/s> ratio <x> | max err vs cpu <e> | arena <MiB> vs torch max_memory_allocated <MiB>
 
 The full run: every kernel row cross-checked against the numpy spec and timed, graph-versus-eager
 replay of a hand-made tape, then the step sections (step-check, step-replay, step-timing: see
-``_gpu_step_common``), then data-parallel (``_gpu_ddp``: 1 vs 2 GPUs; says so on a 1-GPU device). ``--budget`` bounds a GPU run: units that no longer fit are recorded as
+``step_common``), then data-parallel (``ddp``: 1 vs 2 GPUs; says so on a 1-GPU device). ``--budget`` bounds a GPU run: units that no longer fit are recorded as
 not run (exit 1). ``--dry-run`` runs the same units on the CPU: every kernel launch type-checked
 against the kernel table, the step sections' plans compiled and each training step recorded by
 the executor's own code, the PyTorch twins checked; with ``--quick`` it also compiles every kernel
 to PTX and prints the estimate of the GPU run's time (a prediction).
 """
 import argparse
-import os
 import sys
 import time
 
-os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")   # small grids are deliberate in places
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from numba import cuda
 
-from numba import cuda  # noqa: E402
-
-from benchmarks._gpu_kernel_cases import CHECK_BATCH, TIMING_BATCH, table  # noqa: E402
-from benchmarks._gpu_kernels import cross_check, graph_check, timing_table  # noqa: E402
-from benchmarks._gpu_preflight import preflight  # noqa: E402
-from benchmarks._gpu_protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm  # noqa: E402
-from benchmarks._gpu_quick import QUICK_BUDGET_S, _versions, dry_run_quick, run_quick, summary_line  # noqa: E402
-from benchmarks._gpu_step_common import (DEFAULT_BUDGET_S, SECTION_TITLES, STEP_SECTIONS, Budget,  # noqa: E402
-                                         step_selection)
-from benchmarks._gpu_steps import step_check, step_replay  # noqa: E402
-from benchmarks._gpu_timing import step_timing, timing_targets  # noqa: E402
-from benchmarks._gpu_ddp import SECTION, data_parallel  # noqa: E402
-from benchmarks._gpu_dry import dry_run  # noqa: E402
-from benchmarks._gpu_model import print_conv_predictions  # noqa: E402
-from cuda_kernels._graph import new_stream  # noqa: E402
+from .kernel_cases import CHECK_BATCH, TIMING_BATCH, table
+from .kernels import cross_check, graph_check, timing_table
+from .preflight import preflight
+from .protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm
+from .quick import QUICK_BUDGET_S, dry_run_quick, summary_line, write_versions
+from .quick_run import run_quick
+from .budget import Budget
+from .step_common import DEFAULT_BUDGET_S, SECTION_TITLES, STEP_SECTIONS, step_selection
+from .steps import step_check, step_replay
+from .timing import step_timing, timing_targets
+from .ddp import SECTION, data_parallel
+from .dry import dry_run
+from .model import print_conv_predictions
+from cuda_kernels._graph import new_stream
 
 
 def run_step_sections(only, budget, failures, skipped, notes, out):
@@ -111,18 +108,18 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    if args.static:   # tensor-core kernels, compiled only (benchmarks/_gpu_static.py)
-        from benchmarks._gpu_static import static_main
+    if args.static:   # tensor-core kernels, compiled only (benchmarks/gpu/static.py)
+        from .static import static_main
         return static_main(args.json)
     if args.quick and args.only:
-        raise SystemExit("gpu_check: --quick runs a fixed list of units; drop --only (or --quick)")
+        raise SystemExit("benchmarks.gpu.check: --quick runs a fixed list of units; drop --only (or --quick)")
     started = time.time()
-    budget = Budget(args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S), started)
+    budget = Budget(args.budget or (QUICK_BUDGET_S if args.quick else DEFAULT_BUDGET_S))
     out = RecordWriter(args.json)
     failures, skipped, notes, summary = [], [], [], {}
     interrupt_on_sigterm()   # a time limit's SIGTERM: the unit running records "interrupted", then the summary
     try:
-        _versions(out, failures)
+        write_versions(out, failures)
         if args.dry_run and args.quick:
             summary = dry_run_quick(out, failures)
             print_conv_predictions()   # PREDICTED conv times, mma beside SIMT
@@ -131,13 +128,13 @@ def main(argv=None):
                 dry_run(args.only)
             print_conv_predictions()
         elif not cuda.is_available():
-            print("gpu_check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
+            print("benchmarks.gpu.check: no CUDA GPU here; use --dry-run for the CPU self-test", file=sys.stderr)
             out.write("gpu", "not-run", reason="numba.cuda.is_available() is False")
             return 2
         elif args.quick:
-            print(f"--quick: budget {budget.seconds:.0f} s from the start, compile time included")
-            preflight(out, failures)   # which GPU-only assumption fails, if one does: seconds, before any section
-            summary = run_quick(out, budget, failures, skipped, notes)
+            print(f"--quick: budget {budget.seconds:.0f} s from the start, compile time included; each unit in "
+                  f"its own process")
+            summary = run_quick(out, budget, failures, skipped, notes)   # preflight and tile checks first
         else:
             print(f"budget {budget.seconds:.0f} s")
             preflight(out, failures)

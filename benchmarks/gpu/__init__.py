@@ -1,0 +1,16 @@
+"""The GPU protocol of the CUDA path: a one-shot check for a short-lived GPU machine.
+
+Run from the repository root: ``python -m benchmarks.gpu.check --help``; the whole first run is
+``bash benchmarks/gpu/first_run.sh OUT_DIR`` (docs/gpu-runbook.md). Modules:
+
+    check         the command line (versions, preflight, the --quick units or the full run, the summary)
+    protocol      records (JSON Lines), units, the versions record, the per-kernel breakdown, the paste line
+    isolate       each first launch in a spawned subprocess with its own timeout
+    budget        the run's time budget (an injected clock) and the --quick estimate
+    preflight     GPU-only assumptions, each alone; tile_cases: every GPU tile x direction on the device
+    quick         the --quick units; dry: the --dry-run; static: --static (ptxas figures)
+    kernel_cases, kernels, steps, step_common, timing, layers, model, ddp: the sections and their models
+"""
+import os
+
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")   # small grids are deliberate in places
