@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+from benchmarks import alternating
 
-import alternating  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_rounds_alternate_which_side_runs_first_and_pair_each_round():
@@ -42,9 +41,8 @@ def test_every_thread_pool_gets_the_same_count():
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 stand-in is for x86-64 machines")
 def test_the_avx2_standin_lowers_numba_and_openblas():
     pytest.importorskip("threadpoolctl", reason="the BLAS kernel set is read with threadpoolctl")
-    code = f"import sys, json; sys.path.insert(0, {str(BENCHMARKS)!r}); import alternating; " \
-           "print(json.dumps(alternating.runtime_info('ours')))"
-    done = subprocess.run([sys.executable, "-c", code], env=alternating.child_environment(1, "avx2"),
+    code = "import json; from benchmarks import alternating; print(json.dumps(alternating.runtime_info('ours')))"
+    done = subprocess.run([sys.executable, "-c", code], env=alternating.child_environment(1, "avx2"), cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     info = json.loads(done.stdout.strip().splitlines()[-1])
