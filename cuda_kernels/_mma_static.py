@@ -1,6 +1,6 @@
 """Static facts of compiled kernels, without a GPU: PTX instruction counts and ``ptxas -v``.
 
-Used by the PTX test tier and by ``benchmarks/gpu_check.py --static``. ``ptxas`` comes from
+Used by the PTX test tier and by ``benchmarks/gpu/check.py --static``. ``ptxas`` comes from
 the CUDA toolkit (on PATH on the development machines); ``ptxas_available()`` says whether
 it is there.
 """

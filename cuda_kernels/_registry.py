@@ -116,7 +116,7 @@ def check_args(spec, args, host_stand_ins=False):
     """Raise ``TypeError`` unless ``args`` have exactly the types of ``spec.signature``.
 
     ``host_stand_ins``: numpy arrays stand for device arrays of the same type (the
-    ``--dry-run`` of benchmarks/gpu_check.py, which has no device); never for launches.
+    ``--dry-run`` of benchmarks/gpu/check.py, which has no device); never for launches.
     """
     if len(args) != len(spec.signature):
         raise TypeError(f"{spec.name}: expects {len(spec.signature)} arguments {spec.argnames}, got {len(args)}")

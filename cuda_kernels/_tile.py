@@ -20,7 +20,7 @@ f32 = nbt.float32
 # access) and polls them at every syncthreads: it gets 2x2 threads, an 8x8 tile instead of
 # 64x64, so the tiny test shapes carry little padding (same code, same 4x4 accumulators per
 # thread). The GPU configuration is compiled by the PTX tests and checked against numpy at
-# real shapes by benchmarks/gpu_check.py.
+# real shapes by benchmarks/gpu/check.py.
 TX, TY = (2, 2) if SIMULATOR else (16, 16)   # threads per block: (x, y)
 TM, TN = 4, 4                                # accumulators per thread
 BM, BN, BK = TY * TM, TX * TN, 16            # block tile (rows, columns, reduction slice)

@@ -2,7 +2,7 @@
 
 NCCL itself needs GPUs (nccl4py); here its test double (`RecordingCollectives`, one replica)
 stands in, so the simulator checks the tape's order and that the entries run once per replay and
-change nothing for one replica. The 2-GPU run is gpu_check.py's data-parallel section.
+change nothing for one replica. The 2-GPU run is benchmarks/gpu/check.py's data-parallel section.
 """
 import numpy as np
 import pytest

@@ -413,7 +413,7 @@ def test_a_failed_capture_falls_back_to_eager_and_the_executor_says_so(monkeypat
 
 
 def test_gpu_checks_breakdown_times_every_entry_of_a_real_step():
-    """benchmarks/gpu_check.py's per-kernel breakdown on a recorded step (the simulator's events carry
+    """benchmarks/gpu/check.py's per-kernel breakdown on a recorded step (the simulator's events carry
     no times: the entries, their order and the step's result are what is checked here)."""
     from benchmarks.gpu.protocol import summed_by_kind, timed_replay
     from numba import cuda

@@ -156,7 +156,7 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
 
 
 def test_gpu_check_static_writes_one_record_per_kernel_and_architecture(monkeypatch, tmp_path, capsys):
-    """``gpu_check.py --static`` (item 5 of issue 12) on one kernel, the 128x128 input gradient (dynamic shared
+    """``python -m benchmarks.gpu.check --static`` (item 5 of issue 12) on one kernel, the 128x128 input gradient (dynamic shared
     memory): its printed row and JSON Lines records carry what the PTX tier checks above."""
     import json
     from benchmarks.gpu.static import static_main
