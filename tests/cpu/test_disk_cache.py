@@ -34,8 +34,22 @@ def test_a_second_process_compiles_no_kernel_of_a_training_step(tmp_path):
     compiled = {name.split(":")[0] for name in first["compiled"]}
     assert {"cpu_ref._activation", "cpu_ref._conv", "cpu_ref._norm", "cpu_ref._pool"} <= compiled, compiled
     second = probe(tmp_path, "every_kind")
-    assert second["compiled"] == [], f"compiled again in a second process: {second['compiled']}"
+    again = [name for name in second["compiled"] if not _per_process(name, second["compiled"])]
+    assert again == [], f"compiled again in a second process: {second['compiled']}"
     assert second["loss"] == first["loss"]   # the same machine code at the same inputs
+
+
+# The direct convolution forward (cpu_ref/_conv_direct.py) is built per output-channel count at run time, its
+# accumulators emitted as LLVM vectors of that width: numba cannot cache closures over those intrinsics, so each
+# process compiles them (with the builtins they inline) once, about 1.5 s for resnet20's two widths here.
+PER_PROCESS_MODULE = "cpu_ref._conv_direct"
+PER_PROCESS_BUILTINS = ("numba.cpython.builtins:ol_max.<locals>.impl", "numba.cpython.builtins:ol_min.<locals>.impl")
+
+
+def _per_process(name, compiled):
+    if name.startswith(PER_PROCESS_MODULE + ":"):
+        return True
+    return name in PER_PROCESS_BUILTINS and any(n.startswith(PER_PROCESS_MODULE + ":") for n in compiled)
 
 
 PAIR = """import numpy as np

@@ -12,7 +12,7 @@ from blueprint._errors import ConfigError
 from blueprint.task import _checkpoint
 from blueprint.task._checkpoint import save_checkpoint
 
-QUICK = ["train", "--epochs", "1", "--batch-size", "2048", "--quiet"]
+QUICK = ["train", "--epochs", "1", "--batch-size", "1024", "--quiet"]
 
 
 @pytest.fixture(scope="module")
