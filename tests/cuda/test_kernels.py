@@ -23,7 +23,7 @@ import pytest
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
-from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool
+from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool, _prelu
 from cuda_kernels._collective import _ReducingCollectives
 from cuda_kernels._registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
@@ -121,6 +121,23 @@ def case_channel_mul(rng, accumulate):
     check("y", y, ref.channel_mul_forward(f64(x), f64(s)), "fp16")
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("ds", ds, ds_ref + (f64(ds0) if accumulate else 0), "fp16")
+
+
+def case_prelu(rng, slopes, accumulate):
+    x, dy = half(rng, (2, 3, 5)), half(rng, (2, 3, 5))
+    w = rng.uniform(0.05, 0.6, slopes).astype(np.float32)       # fp32 master slopes, not torch's default 0.25
+    dx0 = half(rng, x.shape)
+    y, dw = garbage(x.shape, np.float16), garbage(slopes, np.float32)
+    dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
+
+    def record(t):
+        _prelu.prelu_forward(t, dev(x), dev(w), y)
+        _prelu.prelu_backward(t, dev(x), dev(w), dev(dy), dx, dw, accumulate)
+    run(record)
+    dx_ref, dw_ref = ref.prelu_backward(f64(x), w.astype(np.float64), f64(dy))
+    check("y", y, ref.prelu_forward(f64(x), w.astype(np.float64)), "fp16")
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+    check("dw", dw, dw_ref, "fp32")
 
 
 def case_cast(rng):
@@ -463,6 +480,8 @@ CASES = [
     *[pytest.param(case_random_mask, dict(kind="dropout", p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
     *[pytest.param(case_random_mask, dict(kind="drop_path", p=p), id=f"drop-path-{p}") for p in (0.0, 0.5)],
+    pytest.param(case_prelu, dict(slopes=5, accumulate=True), id="prelu-per-channel-accumulate"),
+    pytest.param(case_prelu, dict(slopes=1, accumulate=False), id="prelu-shared"),
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),
