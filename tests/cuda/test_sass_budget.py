@@ -81,7 +81,7 @@ def test_main_loop_within_its_instruction_budget(name):
     assert k.loop.hmma > 0, f"{name}: no main loop with HMMAs found in its SASS"
     assert k.loop.per_hmma <= _sass.budget(name), (
         f"{name}: main loop {k.loop.instructions} instructions / {k.loop.hmma} HMMA = {k.loop.per_hmma:.2f} "
-        f"per HMMA, budget {_sass.budget(name)} (benchmarks/sass_report.py --only {name} shows the mix)")
+        f"per HMMA, budget {_sass.budget(name)} (`python -m benchmarks.sass_report --only {name}` shows the mix)")
 
 
 SASS = """
