@@ -88,7 +88,7 @@ def test_find_cycle_finds_a_cycle_exactly_when_there_is_one(graph, cycle):
 
 def test_relative_imports_resolve_to_project_modules(tmp_path):
     source = tmp_path / "__init__.py"
-    source.write_text("from . import _ops\nfrom ._tape import Tape\nfrom .. import planner\n"
+    source.write_text("from . import _ops\nfrom .tape import Tape\nfrom .. import planner\n"
                       "def f():\n    from planner.verify import verify_plan\n")
     known = {"cuda_kernels", "cuda_kernels._ops", "cuda_kernels.tape", "planner", "planner.verify"}
     assert imports_of("cuda_kernels", source, known) == {"cuda_kernels._ops", "cuda_kernels.tape", "planner.verify"}
