@@ -17,6 +17,9 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: Environment of each instruction-set stand-in (both sides get all of it).
 STANDINS = {
@@ -40,12 +43,13 @@ def child_environment(threads: int, standin: str) -> dict[str, str]:
     return env
 
 
-def run_child(script: str, args: list[str], env: dict[str, str], timeout: float = 900) -> dict:
-    """Run ``python script args`` and return the JSON object its last stdout line holds."""
-    done = subprocess.run([sys.executable, script, *args], env=env, capture_output=True, text=True, timeout=timeout)
+def run_child(module: str, args: list[str], env: dict[str, str], timeout: float = 900) -> dict:
+    """Run ``python -m module args`` from the repository root and return the JSON object its last stdout line holds."""
+    done = subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{script} {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{module} {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(lines[-1])
 
 

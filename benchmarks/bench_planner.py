@@ -4,7 +4,7 @@ asv:    `asv run --bench bench_planner` from the repository root (see asv.conf.j
         `expand_tree`, `ArchPlan.from_blueprint` and a full `Compiler(arch).compile()` with three variants (train, train_last, eval) for
         resnet20, resnet50, resnet152 and mobilenet_v2, each with the Cython build and with the
         same sources uncompiled.
-script: `python benchmarks/bench_planner.py` prints the same times (median and fastest of repeated
+script: `python -m benchmarks.bench_planner` prints the same times (median and fastest of repeated
         runs) with the Cython/pure speedup.
 
 The builds are selected by calling the compiled `planner._expand` / `planner._memory` or their
@@ -19,10 +19,6 @@ import importlib
 import statistics
 import sys
 import time
-from pathlib import Path
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import planner.expand
 import planner.memory

@@ -9,15 +9,11 @@ track_*    saved-for-backward bytes ours / PyTorch's (resnet20, batch 16, unfuse
            give the same eval logits from the same weights).
 
 Every setup() checks correctness first (a ratio of two wrong things is not a result). Run from the
-repository root: `asv run` (see README, "Tracking performance with asv").
+repository root: `ASV_PYTHONPATH=$PWD asv run` (benchmarks/RESULTS.md, "Tracked over time with asv").
 """
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SMALL_BATCH = 16
 COMPILE_BATCH = 32
@@ -92,8 +88,7 @@ class MemoryRatios:
     timeout = 300
 
     def setup(self):
-        import planner_memory
-        import saved_bytes
+        from benchmarks import planner_memory, saved_bytes
         theirs = saved_bytes.torch_saved("resnet20", SMALL_BATCH)["excl_params"]
         ours, _, notes = saved_bytes.planner_saved("resnet20", SMALL_BATCH)
         if ours is None or theirs <= 0:
@@ -121,10 +116,10 @@ class CpuStepRatio:
     param_names = ["model"]
 
     def setup(self, model):
-        import cpu_vs_torch
+        from benchmarks import cpu_vs_torch
         shape = MLP_SHAPE if model == "mlp" else (SMALL_BATCH, 32, 32, 3)
-        # _build checks that both sides give the same eval logits from the same weights
-        self.ours, self.theirs = cpu_vs_torch._build(model, model, shape, "train")
+        # build checks that both sides give the same eval logits from the same weights
+        self.ours, self.theirs = cpu_vs_torch.build(model, model, shape, "train")
         self.measure = cpu_vs_torch.measure_side_by_side
 
     def track_cpu_step_ratio_vs_torch(self, model):

@@ -12,7 +12,7 @@ both measured in this one process on this machine:
   directory (cold: a model this machine has not compiled before), then after
   `torch._dynamo.reset()` with those caches warm (a rerun of the same model and shapes).
 
-    python benchmarks/compile_vs_torch.py [--model resnet20|mlp] [--batch 128] [--repeats 21]
+    python -m benchmarks.compile_vs_torch [--model resnet20|mlp] [--batch 128] [--repeats 21]
 
 Prints a Markdown table with the ratios PyTorch / ours (higher means our planner is faster).
 """
@@ -24,12 +24,8 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.support.torch_models
-
-from blueprint import zoo  # noqa: E402
+from blueprint import zoo
 
 MODELS = ("resnet20", "mlp")   # zoo models with a PyTorch twin of the same name (default arguments on both sides)
 

@@ -8,19 +8,14 @@ over `--rounds` (`alternating.py`); a process times every layer `--reps` times a
 and reports the median per layer; the table quotes the median over rounds of the ratios, with
 their min-max.
 
-    python benchmarks/cpu_conv_layers.py [--threads 1] [--rounds 5] [--nets resnet20,resnet18_cifar]
+    python -m benchmarks.cpu_conv_layers [--threads 1] [--rounds 5] [--nets resnet20,resnet18_cifar]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))   # torch_models
 
 #: Batch per network (resnet18-CIFAR's im2col workspace at batch 128 would be 300 MB).
 BATCH = {"resnet20": 128, "resnet18_cifar": 32}
@@ -30,7 +25,7 @@ def distinct_convolutions(net_name: str) -> list[dict]:
     """``{cin, cout, k, stride, pad, h, w, count}`` of every distinct Conv2d of the PyTorch model, in first-use order."""
     import torch
 
-    import torch_models
+    from tests.support import torch_models
     net = getattr(torch_models, net_name)()
     seen: dict[tuple, dict] = {}
 
@@ -66,8 +61,8 @@ def _median_seconds(fn, reps: int) -> float:
 def _ours(conv: dict, n: int):
     import numpy as np
 
-    from cpu_ref.kernels import conv2d_backward, conv2d_forward
     from cpu_ref._conv import conv_output_size
+    from cpu_ref.kernels import conv2d_backward, conv2d_forward
     k, s, p = conv["k"], conv["stride"], conv["pad"]
     oh, ow = conv_output_size(conv["h"], k, s, p), conv_output_size(conv["w"], k, s, p)
     rng = np.random.default_rng(0)
@@ -125,17 +120,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     nets = args.nets.split(",")
     if args.side:
-        from cpu_vs_torch import _limit_threads_before_imports
-        _limit_threads_before_imports(args.threads)
+        from benchmarks.cpu_vs_torch import limit_threads_before_imports
+        limit_threads_before_imports(args.threads)
         _child(args.side, json.loads(args.layers), args.threads, args.reps)
         return 0
     layers = json.dumps({f"{net}: {_label(conv)}": [net, conv] for net in nets for conv in distinct_convolutions(net)})
-    from alternating import alternate, child_environment, ms_summary, ratio_summary, run_child
+    from benchmarks.alternating import (
+        alternate,
+        child_environment,
+        ms_summary,
+        ratio_summary,
+        run_child,
+    )
     env = child_environment(args.threads, args.isa)
-    script = str(Path(__file__).resolve())
 
     def side(name):
-        return lambda: run_child(script, ["--side", name, "--threads", str(args.threads), "--reps", str(args.reps),
+        return lambda: run_child(__spec__.name, ["--side", name, "--threads", str(args.threads), "--reps", str(args.reps),
                                           "--layers", layers], env)
 
     pairs = alternate(side("ours"), side("torch"), args.rounds)

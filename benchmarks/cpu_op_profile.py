@@ -4,17 +4,13 @@ Wraps `CpuExecutor._run` with `time.perf_counter`, runs `--steps` steps after tw
 prints, per group, the minimum over the steps of its summed time and its share of the sum of those
 minima. The numba and BLAS thread counts are set before the imports, as in `cpu_vs_torch.py`.
 
-    python benchmarks/cpu_op_profile.py [--model resnet20] [--batch 128] [--threads 1] [--steps 5]
+    python -m benchmarks.cpu_op_profile [--model resnet20] [--batch 128] [--threads 1] [--steps 5]
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def profile(model: str, batch: int, steps: int) -> tuple[list[float], dict[tuple[str, str], list[float]]]:
@@ -65,8 +61,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
-    from cpu_vs_torch import _limit_threads_before_imports
-    _limit_threads_before_imports(args.threads)
+    from benchmarks.cpu_vs_torch import limit_threads_before_imports
+    limit_threads_before_imports(args.threads)
     step_seconds, per_op = profile(args.model, args.batch, args.steps)
     total = sum(min(v) for v in per_op.values())
     print(f"{args.model}, batch {args.batch}, {args.threads} thread(s): step {min(step_seconds) * 1e3:.1f} ms "

@@ -9,7 +9,7 @@ PyTorch's per round (lower is better; < 1 means we are faster), quoted as the me
 Before timing, a check process makes sure both give the same eval logits from the same weights
 (and fills numba's cache for the target).
 
-    python benchmarks/cpu_vs_torch.py [--threads 1,2] [--rounds 5] [--isa native,avx2] [--only resnet20]
+    python -m benchmarks.cpu_vs_torch [--threads 1,2] [--rounds 5] [--isa native,avx2] [--only resnet20]
 
 `--isa avx2` is the AVX2 stand-in on an AVX-512 machine (`alternating.STANDINS`). Prints a
 Markdown table per instruction set and what each side computed with (numba's target and vector
@@ -22,12 +22,7 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests.support.torch_models
 
 #: The targets of the CPU-path issue: our step time / PyTorch's, or None (reported only).
 CASES = [
@@ -39,7 +34,7 @@ CASES = [
 MLP_SIZES = [784, 1024, 512, 256, 10]
 
 
-def _limit_threads_before_imports(threads: int) -> None:
+def limit_threads_before_imports(threads: int) -> None:
     """BLAS libraries read their thread count when they load: set it before numpy and torch do."""
     for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[name] = str(threads)
@@ -67,7 +62,7 @@ def _build_ours(model, shape, what):
     return ours, x, y, step
 
 
-def _build(model, torch_model, shape, what, check=True, with_torch=True):
+def build(model, torch_model, shape, what, check=True, with_torch=True):
     """``(our step, PyTorch's step)`` on the same weights and batch (PyTorch's is None without ``with_torch``);
     with ``check``, first that both give the same eval logits."""
     ours, x, y, our_step = _build_ours(model, shape, what)
@@ -135,20 +130,20 @@ def _case(key):
 
 def _child(side: str, key: str, threads: int, steps: int, warmup: int) -> None:
     """One side of one round (or ``check``): prints one JSON line."""
-    from alternating import runtime_info
+    from benchmarks.alternating import runtime_info
     _, model, torch_model, shape, what, _ = _case(key)
     if side == "check":
         import torch
         torch.set_num_threads(threads)
-        _build(model, torch_model, shape, what)   # raises when the logits differ
+        build(model, torch_model, shape, what)   # raises when the logits differ
         print(json.dumps({"ok": True}))
         return
     if side == "torch":
         import torch
         torch.set_num_threads(threads)
-        _, step = _build(model, torch_model, shape, what, check=False)
+        _, step = build(model, torch_model, shape, what, check=False)
     else:
-        step, _ = _build(model, torch_model, shape, what, check=False, with_torch=False)
+        step, _ = build(model, torch_model, shape, what, check=False, with_torch=False)
     for _ in range(warmup):
         step()
     times = [_seconds(step) for _ in range(steps)]
@@ -156,12 +151,11 @@ def _child(side: str, key: str, threads: int, steps: int, warmup: int) -> None:
 
 
 def _compare(key, threads, standin, rounds, steps, warmup):
-    from alternating import alternate, child_environment, run_child
+    from benchmarks.alternating import alternate, child_environment, run_child
     env = child_environment(threads, standin)
-    script = str(Path(__file__).resolve())
 
     def side(name):
-        return lambda: run_child(script, ["--side", name, "--case", key, "--threads", str(threads),
+        return lambda: run_child(__spec__.name, ["--side", name, "--case", key, "--threads", str(threads),
                                           "--steps", str(steps), "--warmup", str(warmup)], env)
 
     side("check")()
@@ -180,10 +174,10 @@ def main(argv=None) -> int:
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
-        _limit_threads_before_imports(int(args.threads))
+        limit_threads_before_imports(int(args.threads))
         _child(args.side, args.case, int(args.threads), args.steps, args.warmup)
         return 0
-    from alternating import ms_summary, ratio_summary
+    from benchmarks.alternating import ms_summary, ratio_summary
     for standin in args.isa.split(","):
         print(f"\n### instruction set: {standin}\n")
         print("| case | threads | ours (ms) | PyTorch (ms) | ratio median [min-max] | target |")

@@ -1,6 +1,6 @@
 """The gloo all-reduce of one data-parallel step, at the gradient-region sizes of zoo models.
 
-    torchrun --nproc-per-node 2 benchmarks/gloo_allreduce.py [resnet20 resnet50 ...] [--repeats 20]
+    torchrun --nproc-per-node 2 -m benchmarks.gloo_allreduce [resnet20 resnet50 ...] [--repeats 20]
 
 Each rank all-reduces (sum) a float32 array as large as the model's ``grads`` region (the planner's
 memory plan, alignment padding included) through a zero-copy ``torch.from_numpy`` view, as
@@ -8,13 +8,9 @@ memory plan, alignment padding included) through a zero-copy ``torch.from_numpy`
 and the spread over ``--repeats`` timed runs after 3 warm-up runs (wall clock, `time.perf_counter`).
 """
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WARMUP = 3
 

@@ -1,7 +1,7 @@
 """The memory plan's quality: transient bytes planned against the lower bound, every zoo model.
 
-    python benchmarks/planner_memory.py              # the README's table (markdown)
-    python benchmarks/planner_memory.py --batch 64
+    python -m benchmarks.planner_memory              # the README's table (markdown)
+    python -m benchmarks.planner_memory --batch 64
 
 For each zoo model, its training variant (`{"train": (batch, H, W, C)}` at the zoo's input shape)
 is compiled unfused fp32 (`ArchPlan.from_blueprint(bp)`) and fused AMP (`fuse=True, amp=True`).
@@ -13,11 +13,6 @@ its own slot). The numbers are exact byte counts of the plan; nothing is timed.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from blueprint import zoo
 from planner import ArchPlan

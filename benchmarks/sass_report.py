@@ -2,11 +2,11 @@
 
     python -m benchmarks.sass_report [--memory] [--only SUBSTRING] [--json PATH]
 
-Per tensor-core kernel (``_mma_tiles.MMA_KERNELS``, compiled for sm_90 with its exact signature, ``ptxas``,
+Per tensor-core kernel (``mma_tiles.MMA_KERNELS``, compiled for sm_90 with its exact signature, ``ptxas``,
 ``cuobjdump --dump-sass``): the main loop's static instructions per warp and k-tile, HMMAs, instructions
-per HMMA against its budget (``_sass.budget``), 64-bit integer halves, LDGSTS / LDSM / BAR, registers,
+per HMMA against its budget (``sass.budget``), 64-bit integer halves, LDGSTS / LDSM / BAR, registers,
 resident blocks and occupancy on an SM of sm_90, and the kernel's global accesses by width.
-``--memory`` adds the other kernels (``_registry``'s table: the memory-bound ones) with their global
+``--memory`` adds the other kernels (``registry``'s table: the memory-bound ones) with their global
 accesses by width. Nothing here ran on a GPU: counts are static, occupancy is the calculator's rule.
 Exit status 1 when a budget is exceeded.
 """
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from cuda_kernels import _sass
+from cuda_kernels import sass
 
 
 def _accesses(accesses):
@@ -22,20 +22,20 @@ def _accesses(accesses):
 
 
 def mma_rows(only=""):
-    from cuda_kernels._mma_kernels import all_mma_kernels
-    return [_sass.kernel_sass(name) for name in sorted(all_mma_kernels()) if only in name]
+    from cuda_kernels.mma_kernels import all_mma_kernels
+    return [sass.kernel_sass(name) for name in sorted(all_mma_kernels()) if only in name]
 
 
 def memory_rows(only=""):
-    from cuda_kernels._registry import THREADS, all_kernels
-    return [_sass.spec_sass(spec, THREADS) for name, spec in sorted(all_kernels().items()) if only in name]
+    from cuda_kernels.registry import THREADS, all_kernels
+    return [sass.spec_sass(spec, THREADS) for name, spec in sorted(all_kernels().items()) if only in name]
 
 
 def print_mma(rows, out=sys.stdout):
     print(f"{'kernel':52s} {'regs':>4s} {'blk/SM':>6s} {'occ':>5s} {'loop':>5s} {'HMMA':>4s} {'/HMMA':>6s} "
           f"{'budget':>6s} {'int64':>5s} {'LDGSTS':>6s} {'LDSM':>4s} {'BAR':>3s}  global accesses", file=out)
     for k in rows:
-        b = _sass.budget(k.name)
+        b = sass.budget(k.name)
         flag = "" if b is None or k.loop.per_hmma <= b else " OVER"
         print(f"{k.name:52s} {k.registers:4d} {k.blocks_per_sm:6d} {k.occupancy:5.2f} {k.loop.instructions:5d} "
               f"{k.loop.hmma:4d} {k.loop.per_hmma:6.2f} {b if b else '-':>6} {k.loop.int64_ops:5d} "
@@ -54,7 +54,7 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="kernels whose name contains this")
     parser.add_argument("--json", help="write one JSON object per kernel to this file")
     args = parser.parse_args(argv)
-    if not _sass.tools_available():
+    if not sass.tools_available():
         print("sass_report: ptxas, cuobjdump and nvdisasm are needed (CUDA toolkit, or pip install "
               "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
@@ -71,10 +71,10 @@ def main(argv=None):
                                         occupancy=k.occupancy, loop_instructions=k.loop.instructions,
                                         hmma=k.loop.hmma, per_hmma=k.loop.per_hmma if k.loop.hmma else None,
                                         int64_ops=k.loop.int64_ops, ldgsts=k.loop.ldgsts, ldsm=k.loop.ldsm,
-                                        bar=k.loop.bar, budget=_sass.budget(k.name),
+                                        bar=k.loop.bar, budget=sass.budget(k.name),
                                         accesses={f"{kind}:{size}": n for (kind, size), n in k.accesses.items()}))
                         + "\n")
-    return 1 if any(_sass.budget(k.name) and k.loop.per_hmma > _sass.budget(k.name) for k in rows) else 0
+    return 1 if any(sass.budget(k.name) and k.loop.per_hmma > sass.budget(k.name) for k in rows) else 0
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ compiled for the same input (NHWC), unfused fp32 (`ArchPlan.from_blueprint(bp)`)
 fused AMP (`ArchPlan.from_blueprint(bp, fuse=True, amp=True)`).  The ratio is
 ours / PyTorch (excl. params).
 
-    python benchmarks/saved_bytes.py                          # resnet50, mobilenet_v2, resnet20
-    python benchmarks/saved_bytes.py --models resnet20 --batch 64
-    python benchmarks/saved_bytes.py --device cuda            # on a GPU (cuDNN saves differ)
+    python -m benchmarks.saved_bytes                          # resnet50, mobilenet_v2, resnet20
+    python -m benchmarks.saved_bytes --models resnet20 --batch 64
+    python -m benchmarks.saved_bytes --device cuda            # on a GPU (cuDNN saves differ)
 
 Importable: `saved_bytes(model, x) -> dict`.
 """
@@ -34,13 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_HERE)
-for _p in (_HERE, _ROOT):   # the root: tests.support.torch_models
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
-from tests.support import torch_models  # noqa: E402
+from tests.support import torch_models
 
 MiB = 1 << 20
 
@@ -157,8 +151,8 @@ def planner_saved(name: str, batch: int) -> tuple[int | None, int | None, str]:
         except ImportError:  # the Cython modules are not built
             os.environ["BLUEPRINT_PURE_PYTHON"] = "1"
             from planner import ArchPlan
-        from planner.compiler import Compiler
         from blueprint import zoo
+        from planner.compiler import Compiler
     except Exception as e:  # pragma: no cover - the planner is not importable
         return None, None, f"planner not importable: {e}"
     shape = {"train": (batch, size, size, 3)}

@@ -10,6 +10,7 @@ from blueprint._factories import (
     gap, gap_fc, gelu, group_conv, hardsigmoid, hardswish, hardtanh, identity, leaky_relu, maxpool, mbconv, mish,
     named, prelu, relu, relu6, repeat, se, selu, seq, sigmoid, silu, softplus, tanh,
 )
+from blueprint._errors import ConfigError
 from blueprint._layer import BlockStyle, BluePrint, Kind, Layer, map_layers
 from blueprint._model import InputSpec, Model
 from blueprint._summary import summary
@@ -18,7 +19,7 @@ from blueprint import zoo
 __version__ = "0.1.0"
 
 __all__ = [
-    "BlockStyle", "BluePrint", "InputSpec", "Kind", "Layer", "Model", "map_layers", "zoo",
+    "BlockStyle", "BluePrint", "ConfigError", "InputSpec", "Kind", "Layer", "Model", "map_layers", "zoo",
     "add2", "avgpool", "block", "bn", "cbr", "cbrp", "channel_padding", "conv", "conv_dw", "drop_path", "dropout",
     "fc", "flatten", "gap", "gap_fc", "gelu", "group_conv", "hardsigmoid", "hardswish", "identity", "leaky_relu",
     "maxpool", "mbconv", "named", "elu", "celu", "selu", "softplus", "mish", "prelu", "hardtanh", "relu", "relu6",

@@ -1,3 +1,3 @@
-from blueprint._cli import main
+from blueprint.cli import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """What the CLI's subcommands share: its error class and finding a model by zoo name or in a file.
 
-Its own module so that `_cli` (the parser and `main`) and `_train_command` both import it and
+Its own module so that `cli` (the parser and `main`) and `_train_command` both import it and
 not each other.
 """
 from __future__ import annotations

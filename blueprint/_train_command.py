@@ -144,7 +144,7 @@ def run_train(args) -> int:
         return launch_workers(args.train_command, args)
     if args.device == "cuda":
         if in_torchrun_worker():   # this worker's GPU (LOCAL_RANK) becomes current before any CUDA call
-            from cuda_kernels._collective import select_local_device
+            from cuda_kernels.collective import select_local_device
             select_local_device()
         _check_cuda()
     train, val, data_name = load_data(args.data, data_options(args))

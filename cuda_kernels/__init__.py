@@ -11,6 +11,6 @@ except ImportError as error:
     raise ImportError("numba-cuda is not installed (numba's own numba.cuda cannot run these kernels); "
                       "pip install \".[cuda]\" in the blueprint-nn source tree (\".[cuda12]\" for a CUDA 12 driver)") from error
 
-from cuda_kernels._executor import CudaExecutor, InputError, cuda_unavailable_reason  # noqa: E402
+from cuda_kernels.executor import CudaExecutor, InputError, cuda_unavailable_reason  # noqa: E402
 
 __all__ = ["CudaExecutor", "InputError", "cuda_unavailable_reason"]

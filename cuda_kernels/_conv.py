@@ -16,10 +16,10 @@ import math
 from numba import cuda
 
 from . import _depthwise
-from ._batchnorm import batchnorm_stats
-from ._elementwise import fill_zero
-from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
-from ._registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
+from .batchnorm import batchnorm_stats
+from .elementwise import fill_zero
+from .gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
+from .registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 from ._tile import A_TILE, B_TILE, BK, BM, BN, THREADS_PER_BLOCK, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32

@@ -17,10 +17,10 @@ simulator); the weights (``(C, kh, kw, 1)``: a channel's taps are contiguous, it
 """
 from numba import cuda
 
-from ._gemm import CONV_GEOMETRY
+from .gemm import CONV_GEOMETRY
 from ._mma import ld_global_nc_v4, ld_global_v4, pack_half2, st_global_v4, unpack_half2
-from ._registry import F1, H1, ZERO, kernel, nbt
-from ._tape import device_span
+from .registry import F1, H1, ZERO, kernel, nbt
+from .tape import device_span
 
 VEC = 8            # fp16 per 16-byte vector
 VEC_BYTES = 16

@@ -8,8 +8,8 @@ are its own.
 from numba import cuda
 
 from ._conv import conv2d_backward, conv2d_forward, conv_geometry, forward_mainloop
-from ._gemm import BLOCK, CONV_GEOMETRY, gemm_grid
-from ._registry import F1, H1, ZERO, grid_1d, kernel, nbt
+from .gemm import BLOCK, CONV_GEOMETRY, gemm_grid
+from .registry import F1, H1, ZERO, grid_1d, kernel, nbt
 from ._tile import A_TILE, B_TILE, BM, BN, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32

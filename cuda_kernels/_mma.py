@@ -46,7 +46,7 @@ from llvmlite import ir
 from numba.cuda import types as nbt
 from numba.cuda.extending import intrinsic
 
-from ._registry import SIMULATOR
+from .registry import SIMULATOR
 
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _SHARED = 3   # NVPTX address space of shared memory

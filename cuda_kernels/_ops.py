@@ -15,7 +15,7 @@ fusions of docs/internals/cuda-path.md ("Fusion in training") where its schedule
   in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces.
 
 Each primitive's forward and backward launch is registered against its ``Prim`` in the CUDA kernel
-table (``cuda_kernels._table.CUDA``; activations from ``_elementwise.pointwise``); the chain above only
+table (``cuda_kernels._table.CUDA``; activations from ``elementwise.pointwise``); the chain above only
 decides the fusions, then looks every primitive up there.
 
 Operands are the planner's (``planner.plan.Operand``): unfused ops read ``Role.X``/``A``/``B``,
@@ -32,13 +32,13 @@ from planner.executor_api import dropout_seed
 from planner.ops import OPS, Prim, activation_params
 from planner.plan import GRADIENT_ROLES, INPUT_ROLES, PARAM_GRADIENT, Role
 
-from . import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool, _prelu
-from ._collective import SINGLE_REPLICA
-from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
+from . import batchnorm, channel_mul, drop_path, elementwise, loss, optim, pool, prelu
+from .collective import SINGLE_REPLICA
+from .mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
 
 BATCHNORM = (Prim.BN2D, Prim.BN1D)
-FUSABLE_ACTIVATIONS = frozenset(kind for kind in _batchnorm.CLAMP if kind is not None)   # what the BN apply takes
+FUSABLE_ACTIVATIONS = frozenset(kind for kind in batchnorm.CLAMP if kind is not None)   # what the BN apply takes
 
 
 def as_2d(a):
@@ -69,7 +69,7 @@ class StepContext:
     smoothing: float
     optimizer: object
     kernels: str = DEFAULT_KERNELS   # GEMM family of conv / fc layers: "mma" (tensor cores) or "simt"
-    collectives: object = SINGLE_REPLICA   # data parallel: the gradient and overflow all-reduces (_collective)
+    collectives: object = SINGLE_REPLICA   # data parallel: the gradient and overflow all-reduces (collective)
 
     def __post_init__(self):
         self.gemm = gemm_kernels(self.kernels)
@@ -114,7 +114,7 @@ class _Step:
     sums_ready: bool = False   # BN: the convolution before it accumulated the batch sums
     bn_sums: tuple | None = None   # conv: (save_mean, save_invstd) of the BN after it, filled in the epilogue
     residual: object = None        # BN: the residual added in its apply
-    activation: str | None = None  # BN: the activation applied in its apply (a key of _batchnorm.CLAMP)
+    activation: str | None = None  # BN: the activation applied in its apply (a key of batchnorm.CLAMP)
     apply_out: object = None       # BN: where the apply writes (the last fused step's output)
 
 
@@ -178,28 +178,28 @@ def _batchnorm_forward(launcher, ov, step, mode):
     gamma, beta = ov.param(step.position, Role.WEIGHT), ov.param(step.position, Role.BIAS)
     eps, activation, residual = prim.param("eps"), step.activation, step.residual
     if mode == "train":
-        _batchnorm.batchnorm_forward_train(
+        batchnorm.batchnorm_forward_train(
             launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
             ov.param(step.position, Role.RUNNING_MEAN), ov.param(step.position, Role.RUNNING_VAR), prim.param("momentum"),
             eps, activation=activation, residual=residual, sums_ready=step.sums_ready,
             collectives=ov.ctx.collectives)
     elif mode == "eval":
-        _batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
+        batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
                                           ov.param(step.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
                                           residual=residual)
     else:
-        _batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(Role.SAVE_MEAN, at),
+        batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(Role.SAVE_MEAN, at),
                                          ov.read(Role.SAVE_INVSTD, at), eps, y2d, activation=activation,
                                          residual=residual)
 
 
 def _activation_forward(launcher, ov, step, mode):
-    _elementwise.activation_forward(launcher, step.prim.kind, step.inputs[0], step.out, activation_params(step.prim))
+    elementwise.activation_forward(launcher, step.prim.kind, step.inputs[0], step.out, activation_params(step.prim))
 
 
 @CUDA.implements(Prim.ADD, "forward")
 def _add_forward(launcher, ov, step, mode):
-    _elementwise.add_forward(launcher, step.inputs[0], step.inputs[1], step.out)
+    elementwise.add_forward(launcher, step.inputs[0], step.inputs[1], step.out)
 
 
 @CUDA.implements(Prim.FC, "forward")
@@ -210,62 +210,62 @@ def _fc_forward(launcher, ov, step, mode):
 
 @CUDA.implements(Prim.GAP, "forward")
 def _gap_forward(launcher, ov, step, mode):
-    _pool.gap_forward(launcher, step.inputs[0], step.out)
+    pool.gap_forward(launcher, step.inputs[0], step.out)
 
 
 @CUDA.implements(Prim.FLATTEN, "forward")
 def _flatten_forward(launcher, ov, step, mode):
-    _elementwise.accumulate_into(launcher, step.out, step.inputs[0].reshape(step.out.shape), False)
+    elementwise.accumulate_into(launcher, step.out, step.inputs[0].reshape(step.out.shape), False)
 
 
 @CUDA.implements(Prim.MAXPOOL, "forward")
 def _maxpool_forward(launcher, ov, step, mode):
     prim = step.prim
-    _pool.maxpool_forward(launcher, step.inputs[0], step.out, ov.written(Role.ARGMAX, ov.at(step.position)),
+    pool.maxpool_forward(launcher, step.inputs[0], step.out, ov.written(Role.ARGMAX, ov.at(step.position)),
                           prim.param("kernel"), prim.param("stride"), prim.param("padding"))
 
 
 @CUDA.implements(Prim.AVGPOOL, "forward")
 def _avgpool_forward(launcher, ov, step, mode):
     prim = step.prim
-    _pool.avgpool_forward(launcher, step.inputs[0], step.out, prim.param("kernel"), prim.param("stride"),
+    pool.avgpool_forward(launcher, step.inputs[0], step.out, prim.param("kernel"), prim.param("stride"),
                           prim.param("padding"))
 
 
 @CUDA.implements(Prim.CHANNEL_PAD, "forward")
 def _channel_pad_forward(launcher, ov, step, mode):
-    _elementwise.channel_pad_forward(launcher, step.inputs[0], step.out)
+    elementwise.channel_pad_forward(launcher, step.inputs[0], step.out)
 
 
 @CUDA.implements(Prim.DROPOUT, "forward")
 def _dropout_forward(launcher, ov, step, mode):
     x, y = step.inputs[0], step.out
     if mode == "train":   # p = 0 too: the backward reads the mask (all ones then)
-        _elementwise.dropout_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)),
+        elementwise.dropout_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)),
                                      step.prim.param("p"), dropout_seed(ov.ctx.seed, step.position),
                                      ov.ctx.scalars["iteration"])
     else:
-        _elementwise.accumulate_into(launcher, y, x, False)
+        elementwise.accumulate_into(launcher, y, x, False)
 
 
 @CUDA.implements(Prim.DROP_PATH, "forward")
 def _drop_path_forward(launcher, ov, step, mode):
     x, y = step.inputs[0], step.out
     if mode == "train":
-        _drop_path.drop_path_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)), step.prim.param("p"),
+        drop_path.drop_path_forward(launcher, x, y, ov.written(Role.MASK, ov.at(step.position)), step.prim.param("p"),
                                      dropout_seed(ov.ctx.seed, step.position), ov.ctx.scalars["iteration"])
     else:
-        _elementwise.accumulate_into(launcher, y, x, False)
+        elementwise.accumulate_into(launcher, y, x, False)
 
 
 @CUDA.implements(Prim.PRELU, "forward")
 def _prelu_forward(launcher, ov, step, mode):
-    _prelu.prelu_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT), step.out)
+    prelu.prelu_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT), step.out)
 
 
 @CUDA.implements(Prim.CHANNEL_MUL, "forward")
 def _channel_mul_forward(launcher, ov, step, mode):
-    _channel_mul.channel_mul_forward(launcher, step.inputs[0], step.inputs[1], step.out)
+    channel_mul.channel_mul_forward(launcher, step.inputs[0], step.inputs[1], step.out)
 
 
 def record_forward(launcher, ctx, op):
@@ -292,9 +292,9 @@ def record_loss(launcher, ctx, op):
     logits, labels = ctx.views[op.read("logits")], ctx.views[op.read("labels")]
     dlogits_tid = op.written("dlogits")
     dlogits = None if dlogits_tid is None else ctx.views[dlogits_tid]
-    _loss.softmax_cross_entropy(launcher, logits, labels, ctx.smoothing, ctx.views[op.written("loss")], dlogits,
+    loss.softmax_cross_entropy(launcher, logits, labels, ctx.smoothing, ctx.views[op.written("loss")], dlogits,
                                 None if dlogits is None else ctx.scalars["loss_scale"])
-    _loss.count_correct(launcher, logits, labels, ctx.views[op.written("correct")])
+    loss.count_correct(launcher, logits, labels, ctx.views[op.written("correct")])
 
 
 def record_optimizer(launcher, ctx, op):
@@ -306,24 +306,24 @@ def record_optimizer(launcher, ctx, op):
         raise TypeError(f"CudaExecutor: no update for the optimizer {type(ctx.optimizer).__name__}; expected one of "
                         f"{sorted(t.__name__ for t in _optimizer_updates())} (cuda_kernels/_ops.py _optimizer_updates)")
     ctx.collectives.gradients(launcher, r["grads"])    # the mean over the replicas (nothing in one process)
-    _optim.check_overflow(launcher, r["grads"], s["overflow"])
+    optim.check_overflow(launcher, r["grads"], s["overflow"])
     ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
     update(launcher, ctx.optimizer, s, r)
-    _optim.update_loss_scale(launcher, s["overflow"], s["loss_scale"], s["good_steps"])
-    _optim.advance_counters(launcher, s["overflow"], s["step"], s["iteration"])
-    _elementwise.cast_f32_to_f16(launcher, r["params"], r["weights16"])
+    optim.update_loss_scale(launcher, s["overflow"], s["loss_scale"], s["good_steps"])
+    optim.advance_counters(launcher, s["overflow"], s["step"], s["iteration"])
+    elementwise.cast_f32_to_f16(launcher, r["params"], r["weights16"])
 
 
 def _sgd_update(launcher, opt, s, r):
     count = r["params"].size
     buf = r["optim"][:count] if opt.state_slots else r["grads"]   # never touched without momentum
-    _optim.sgd_step(launcher, r["params"], r["grads"], buf, s["lr"], s["step"], s["loss_scale"], s["overflow"],
+    optim.sgd_step(launcher, r["params"], r["grads"], buf, s["lr"], s["step"], s["loss_scale"], s["overflow"],
                     opt.momentum_factor, opt.dampening_factor, opt.use_nesterov, opt.weight_decay_factor)
 
 
 def _adam_update(launcher, opt, s, r):
     count = r["params"].size
-    _optim.adam_step(launcher, r["params"], r["grads"], r["optim"][:count], r["optim"][count:2 * count], s["lr"],
+    optim.adam_step(launcher, r["params"], r["grads"], r["optim"][:count], r["optim"][count:2 * count], s["lr"],
                      s["step"], s["loss_scale"], s["overflow"], opt.beta1, opt.beta2, opt.epsilon,
                      opt.weight_decay_factor, opt.decoupled)
 
@@ -435,13 +435,13 @@ def _add_backward(launcher, ov, grads, values, position, prim, dy):
     for role, value in zip(GRADIENT_ROLES[Prim.ADD], prim.inputs):
         target, accumulate = grads.target(value, role)
         if target is not None:
-            _elementwise.accumulate_into(launcher, target, dy, accumulate)
+            elementwise.accumulate_into(launcher, target, dy, accumulate)
 
 
 @CUDA.implements(Prim.PRELU, "backward")
 def _prelu_backward(launcher, ov, grads, values, position, prim, dy):
     dx, accumulate = grads.target(prim.inputs[0], Role.DX)
-    _prelu.prelu_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT), dy, dx,
+    prelu.prelu_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT), dy, dx,
                           _dparam(ov, position, Role.WEIGHT), accumulate)
 
 
@@ -450,7 +450,7 @@ def _channel_mul_backward(launcher, ov, grads, values, position, prim, dy):
     (dx, accumulate_dx), (ds, accumulate_ds) = (grads.target(value, role)
                                                 for role, value in zip(GRADIENT_ROLES[Prim.CHANNEL_MUL], prim.inputs))
     at = ov.at(position)
-    _channel_mul.channel_mul_backward(launcher, ov.read(Role.X, at), ov.read(Role.S, at), dy, dx, ds, accumulate_dx,
+    channel_mul.channel_mul_backward(launcher, ov.read(Role.X, at), ov.read(Role.S, at), dy, dx, ds, accumulate_dx,
                                       accumulate_ds)
 
 
@@ -475,7 +475,7 @@ def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
     dx, accumulate = grads.target(prim.inputs[0], Role.DX)
     at = ov.at(position)
     saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
-    _batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
+    batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
                                   as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
                                   _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives)
 
@@ -491,37 +491,37 @@ def _input_only(backward):
 
 def _activation_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
     saved = values[prim.output if OPS[prim.kind].saves == ("output",) else prim.inputs[0]]
-    _elementwise.activation_backward(launcher, prim.kind, saved, dy, dx, activation_params(prim), accumulate)
+    elementwise.activation_backward(launcher, prim.kind, saved, dy, dx, activation_params(prim), accumulate)
 
 
 def _gap_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _pool.gap_backward(launcher, dy, dx, accumulate)
+    pool.gap_backward(launcher, dy, dx, accumulate)
 
 
 def _flatten_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _elementwise.accumulate_into(launcher, dx, dy.reshape(dx.shape), accumulate)
+    elementwise.accumulate_into(launcher, dx, dy.reshape(dx.shape), accumulate)
 
 
 def _maxpool_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _pool.maxpool_backward(launcher, ov.read(Role.ARGMAX, ov.at(position)), dy, dx, prim.param("kernel"),
+    pool.maxpool_backward(launcher, ov.read(Role.ARGMAX, ov.at(position)), dy, dx, prim.param("kernel"),
                            prim.param("stride"), prim.param("padding"), accumulate)
 
 
 def _avgpool_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _pool.avgpool_backward(launcher, dy, dx, prim.param("kernel"), prim.param("stride"), prim.param("padding"),
+    pool.avgpool_backward(launcher, dy, dx, prim.param("kernel"), prim.param("stride"), prim.param("padding"),
                            accumulate)
 
 
 def _channel_pad_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
+    elementwise.channel_pad_backward(launcher, dy, dx, accumulate)
 
 
 def _dropout_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _elementwise.dropout_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
+    elementwise.dropout_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
 
 
 def _drop_path_backward(launcher, ov, values, position, prim, dy, dx, accumulate):
-    _drop_path.drop_path_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
+    drop_path.drop_path_backward(launcher, ov.read(Role.MASK, ov.at(position)), dy, dx, prim.param("p"), accumulate)
 
 
 for _prim, _backward in ((Prim.GAP, _gap_backward), (Prim.FLATTEN, _flatten_backward),
@@ -529,8 +529,8 @@ for _prim, _backward in ((Prim.GAP, _gap_backward), (Prim.FLATTEN, _flatten_back
                          (Prim.CHANNEL_PAD, _channel_pad_backward), (Prim.DROPOUT, _dropout_backward),
                          (Prim.DROP_PATH, _drop_path_backward)):
     CUDA.register(_prim, "backward", _input_only(_backward))
-# activations: those with kernels in cuda_kernels/_elementwise.py (a missing one fails CUDA.check_plan)
-for _prim in _elementwise.ACTIVATION_KERNELS:
+# activations: those with kernels in cuda_kernels/elementwise.py (a missing one fails CUDA.check_plan)
+for _prim in elementwise.ACTIVATION_KERNELS:
     CUDA.register(_prim, "forward", _activation_forward)
     CUDA.register(_prim, "backward", _input_only(_activation_backward))
 

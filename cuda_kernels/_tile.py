@@ -8,12 +8,12 @@ adds ``As[:, rows].T @ Bs[:, cols]`` into the thread's fp32 accumulator ``acc[TM
 ``tile_row(i)`` / ``tile_col(j)`` say which tile row / column ``acc[i, j]`` holds.
 
 This SIMT tile is the reference (``CudaExecutor(kernels="simt")``) and runs what the
-tensor-core kernels (``_mma_conv`` / ``_mma_dgrad`` / ``_mma_wgrad``, chosen in ``_mma_ops``)
+tensor-core kernels (``mma_conv`` / ``mma_dgrad`` / ``mma_wgrad``, chosen in ``mma_ops``)
 do not take: grouped convolutions and channel counts that are not multiples of 8.
 """
 from numba import cuda
 
-from ._registry import SIMULATOR, nbt
+from .registry import SIMULATOR, nbt
 
 f32 = nbt.float32
 # The simulator runs one Python thread per CUDA thread (about 30 us per simulated array

@@ -118,7 +118,7 @@ def serialised(method):
 class ExecutorBase:
     #: Called by `_after_backward`, between the last backward op and the optimizer; a data-parallel
     #: replica (`blueprint.distributed`) replaces it with the all-reduce over its gradient region (the
-    #: CUDA path records its NCCL all-reduce in the tape instead, `cuda_kernels._collective`).
+    #: CUDA path records its NCCL all-reduce in the tape instead, `cuda_kernels.collective`).
     gradient_reduction = staticmethod(keep_local_gradients)
 
     def __init__(self, plan, loss, optimizer, seed: int):

@@ -7,7 +7,7 @@ fewer leaves the rest unused), and a pair names them so: ``softplus(x, beta, thr
 ``leaky_relu(x, slope, _b)``, ``relu(x, _a, _b)`` (``tests/null/test_scalar_activations.py`` checks the
 names against the row). The op-table
 row (``planner.ops.activation``) points at the pair, and each path compiles it into its kernels:
-``cpu_ref/_activation.py`` with ``numba.njit`` and ``cuda_kernels/_elementwise.py`` with
+``cpu_ref/_activation.py`` with ``numba.njit`` and ``cuda_kernels/elementwise.py`` with
 ``numba.cuda.jit(device=True)``. This module imports neither (``tests/null`` runs without numba).
 
 What both compilers take, and so the rules of a body here:

@@ -47,7 +47,7 @@ from .timing import step_timing, timing_targets
 from .ddp import SECTION, data_parallel
 from .dry import dry_run
 from .model import print_conv_predictions
-from cuda_kernels._graph import new_stream
+from cuda_kernels.graph import new_stream
 
 
 def run_step_sections(only, budget, failures, skipped, notes, out):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from cuda_kernels._graph import graph_support
-from cuda_kernels._mma_kernels import all_mma_kernels
-from cuda_kernels._registry import all_kernels
+from cuda_kernels.graph import graph_support
+from cuda_kernels.mma_kernels import all_mma_kernels
+from cuda_kernels.registry import all_kernels
 
 from .kernel_cases import CHECK_BATCH, TIMING_BATCH, DryLauncher, HostStandIns, table
 from .kernels import graph_case
@@ -23,7 +23,7 @@ def host_arena_class():
     """``DeviceArena`` over host memory: an address-space reservation that is never touched (the dry
     run makes the executor's views and type-checks its launches; nothing is computed)."""
     import mmap
-    from cuda_kernels._arena import ALIGNMENT, DeviceArena
+    from cuda_kernels.arena import ALIGNMENT, DeviceArena
 
     class HostArena(DeviceArena):
         def __init__(self, nbytes):
@@ -104,8 +104,8 @@ def dry_record_train_step(plan, optimizer):
     ``_runner``) with the device-only pieces stood in for: no arena on a device, no initial weights
     written, a launcher that type-checks every launch against the kernel table instead of recording
     it for a device, host arrays and no-op events in place of pinned staging and CUDA events."""
-    import cuda_kernels._executor as executor_module
-    import cuda_kernels._transfer as transfer_module
+    import cuda_kernels.executor as executor_module
+    import cuda_kernels.transfer as transfer_module
 
     class DryExecutor(executor_module.CudaExecutor):
         def _upload_scalar(self, name, value):
@@ -247,7 +247,7 @@ def dry_run(only):
     print(f"graph-vs-eager: {len(launcher.names)} launches; graph support here: {graph_support()}")
     dry_run_steps(only, used)
     unknown, unused = used - set(kernels), set(kernels) - used
-    unknown -= set(all_mma_kernels())   # the tensor-core kernels' own table (cuda_kernels/_mma_kernels.py)
+    unknown -= set(all_mma_kernels())   # the tensor-core kernels' own table (cuda_kernels/mma_kernels.py)
     assert not unknown, f"launched kernels missing from the table: {sorted(unknown)}"
     if not only:
         assert not unused, f"kernels the GPU check never runs: {sorted(unused)}"

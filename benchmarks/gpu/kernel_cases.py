@@ -8,10 +8,10 @@ from numba import cuda
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS, Prim
-from cuda_kernels import _batchnorm, _channel_mul, _drop_path, _elementwise, _loss, _optim, _pool, _prelu
-from cuda_kernels._collective import StepCollectives
-from cuda_kernels._mma_ops import GEMM_KERNELS, gemm_kernels
-from cuda_kernels._registry import check_args
+from cuda_kernels import batchnorm, channel_mul, drop_path, elementwise, loss, optim, pool, prelu
+from cuda_kernels.collective import StepCollectives
+from cuda_kernels.mma_ops import GEMM_KERNELS, gemm_kernels
+from cuda_kernels.registry import check_args
 
 CHECK_BATCH, TIMING_BATCH = 8, 256
 PARAMETERS = 11_200_000            # ResNet-18 sized optimizer region
@@ -81,7 +81,7 @@ def f32(a):
 
 
 def conv_case(mem, rng, batch, h, w, cin, cout, k, s, p, groups, direction, with_stats=True, kernels="simt"):
-    """One convolution through the plan-level launchers of ``kernels`` ("simt" | "mma", ``_mma_ops``)."""
+    """One convolution through the plan-level launchers of ``kernels`` ("simt" | "mma", ``mma_ops``)."""
     family = gemm_kernels(kernels)
     (hx, x), (hw, wt) = mem.random(rng, (batch, h, w, cin), np.float16), mem.random(
         rng, (cout, k, k, cin // groups), np.float16, 1.0 / math.sqrt(k * k * cin / groups))
@@ -123,7 +123,7 @@ def batchnorm_case(mem, rng, rows, channels, direction):
             ry, rmean, rinv, _, _ = ref.batchnorm_forward_train(f32(hx), hg, hb, np.zeros(channels), np.ones(channels),
                                                                 0.1, 1e-5)
             return {"y": (np.maximum(ry, 0), "fp16"), "mean": (rmean, "stats"), "invstd": (rinv, "stats")}
-        return Case(lambda t: _batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
+        return Case(lambda t: batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
                                                                  1e-5, activation="relu"),
                     {"y": y, "mean": mean, "invstd": invstd}, expected, 0, 3 * 2 * x.size)
     hmean, hinv = hx.astype(np.float32).mean(0), 1 / np.sqrt(hx.astype(np.float32).var(0) + 1e-5)
@@ -140,7 +140,7 @@ def batchnorm_case(mem, rng, rows, channels, direction):
         rdx, rdg, rdb = ref.batchnorm_backward(np.concatenate([f32(hx)] * shards), hg, hmean, hinv,
                                                np.concatenate([f32(hdy)] + [np.zeros_like(f32(hdy))] * (shards - 1)))
         return {"dx": (rdx[:rows], "fp16"), "dgamma": (rdg / shards, "fp32"), "dbeta": (rdb / shards, "fp32")}
-    return Case(lambda t: _batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False,
+    return Case(lambda t: batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False,
                                                         collectives=collectives),
                 {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
 
@@ -152,7 +152,7 @@ def _params(prim):
 
 def activation_case(mem, rng, n, prim):
     (hx, x), y = mem.random(rng, n, np.float16, 3.0), mem.output(n, np.float16)
-    return Case(lambda t: _elementwise.activation_forward(t, prim, x, y, _params(prim)), {"y": y},
+    return Case(lambda t: elementwise.activation_forward(t, prim, x, y, _params(prim)), {"y": y},
                 lambda: {"y": (OPS[prim].reference_forward(f32(hx), *_params(prim)), "fp16")}, 0, 4 * n)
 
 
@@ -163,8 +163,8 @@ def activations_case(mem, rng, n):
 
     def record(t):
         for prim, (y, dx) in outs.items():
-            _elementwise.activation_forward(t, prim, x, y, _params(prim))
-            _elementwise.activation_backward(t, prim, x, dy, dx, _params(prim), False)   # x stands for the saved value
+            elementwise.activation_forward(t, prim, x, y, _params(prim))
+            elementwise.activation_backward(t, prim, x, dy, dx, _params(prim), False)   # x stands for the saved value
 
     def expected():
         x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
@@ -182,7 +182,7 @@ def dropout_case(mem, rng, n):
     def expected():
         ry, rmask = ref.dropout_forward(f32(hx), 0.1, 99, 17)
         return {"y": (ry, "fp16"), "mask": (rmask, "exact")}
-    return Case(lambda t: _elementwise.dropout_forward(t, x, y, mask, 0.1, 99, step), {"y": y, "mask": mask},
+    return Case(lambda t: elementwise.dropout_forward(t, x, y, mask, 0.1, 99, step), {"y": y, "mask": mask},
                 expected, 0, 5 * n)
 
 
@@ -208,20 +208,20 @@ def linear_case(mem, rng, batch, f_in, f_out, direction, kernels="simt"):
 def softmax_case(mem, rng, batch, classes):
     (hl, logits), (hy, labels) = mem.random(rng, (batch, classes), np.float16, 3.0), mem.random(
         rng, batch, np.int32, classes)
-    loss, dl, scale = mem.output(1, np.float32), mem.output((batch, classes), np.float16), mem.constant(
+    loss_out, dl, scale = mem.output(1, np.float32), mem.output((batch, classes), np.float16), mem.constant(
         np.array([1024.0], np.float32))
 
     correct = mem.output(1, np.int32)
 
     def record(t):
-        _loss.softmax_cross_entropy(t, logits, labels, 0.1, loss, dl, scale)
-        _loss.count_correct(t, logits, labels, correct)
+        loss.softmax_cross_entropy(t, logits, labels, 0.1, loss_out, dl, scale)
+        loss.count_correct(t, logits, labels, correct)
 
     def expected():
         rl, rdl = ref.softmax_cross_entropy(f32(hl), hy, 0.1, 1024.0)
         hits = np.array([np.count_nonzero(f32(hl).argmax(1) == hy)], np.int32)
         return {"loss": (np.array([rl], np.float32), "fp32"), "dlogits": (rdl, "fp16"), "correct": (hits, "exact")}
-    return Case(record, {"loss": loss, "dlogits": dl, "correct": correct}, expected, 0, 4 * logits.size)
+    return Case(record, {"loss": loss_out, "dlogits": dl, "correct": correct}, expected, 0, 4 * logits.size)
 
 
 def maxpool_case(mem, rng, batch, h, c):
@@ -231,13 +231,13 @@ def maxpool_case(mem, rng, batch, h, c):
     def expected():
         ry, ra = ref.maxpool_forward(f32(hx), 3, 2, 1)
         return {"y": (ry, "exact"), "argmax": (ra, "exact")}
-    return Case(lambda t: _pool.maxpool_forward(t, x, y, argmax, 3, 2, 1), {"y": y, "argmax": argmax}, expected,
+    return Case(lambda t: pool.maxpool_forward(t, x, y, argmax, 3, 2, 1), {"y": y, "argmax": argmax}, expected,
                 0, 2 * x.size + 6 * y.size)
 
 
 def gap_case(mem, rng, batch, h, c):
     (hx, x), y = mem.random(rng, (batch, h, h, c), np.float16), mem.output((batch, c), np.float16)
-    return Case(lambda t: _pool.gap_forward(t, x, y), {"y": y}, lambda: {"y": (ref.gap_forward(f32(hx)), "fp16")},
+    return Case(lambda t: pool.gap_forward(t, x, y), {"y": y}, lambda: {"y": (ref.gap_forward(f32(hx)), "fp16")},
                 0, 2 * x.size)
 
 
@@ -251,7 +251,7 @@ def adam_case(mem, rng, n):
         rp, rm, rv = ref.adam_step(hp, hg, np.zeros(n, np.float32), np.zeros(n, np.float32), 1e-3, 0.9, 0.999, 1e-8,
                                    1e-2, 1, True)
         return {"p": (rp, "fp32"), "m": (rm, "fp32"), "v": (rv, "fp32")}
-    return Case(lambda t: _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 1e-2, True),
+    return Case(lambda t: optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 1e-2, True),
                 {"p": p, "m": m, "v": v}, expected, 0, 4 * 7 * n)
 
 
@@ -259,8 +259,8 @@ def overflow_and_cast_case(mem, rng, n):
     (hp, p), flag, p16 = mem.random(rng, n, np.float32), mem.output(1, np.int32), mem.output(n, np.float16)
 
     def record(t):
-        _optim.check_overflow(t, p, flag)
-        _elementwise.cast_f32_to_f16(t, p, p16)
+        optim.check_overflow(t, p, flag)
+        elementwise.cast_f32_to_f16(t, p, p16)
     return Case(record, {"found_inf": flag, "p16": p16},
                 lambda: {"found_inf": (np.zeros(1, np.int32), "exact"), "p16": (hp.astype(np.float16), "exact")},
                 0, 4 * n + 6 * n)
@@ -276,13 +276,13 @@ def elementwise_case(mem, rng, n):
     dropped, zeroed = mem.output((n, 16), np.float16), mem.constant(hdy)
 
     def record(t):
-        _elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, (), False)
-        _elementwise.add_forward(t, x, dy, added)
-        _elementwise.accumulate_into(t, acc, x, True)
-        _elementwise.channel_pad_forward(t, x, padded)
-        _elementwise.channel_pad_backward(t, padded, unpadded, False)
-        _elementwise.dropout_backward(t, mask, dy, dropped, 0.2, False)
-        _elementwise.fill_zero(t, zeroed)
+        elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, (), False)
+        elementwise.add_forward(t, x, dy, added)
+        elementwise.accumulate_into(t, acc, x, True)
+        elementwise.channel_pad_forward(t, x, padded)
+        elementwise.channel_pad_backward(t, padded, unpadded, False)
+        elementwise.dropout_backward(t, mask, dy, dropped, 0.2, False)
+        elementwise.fill_zero(t, zeroed)
 
     def expected():
         x64, dy64 = hx.astype(np.float64), hdy.astype(np.float64)
@@ -307,12 +307,12 @@ def squeeze_excitation_case(mem, rng, batch, h, c):
                              mem.output(hx.shape, np.float16), mem.output(c, np.float32))
 
     def record(t):
-        _prelu.prelu_forward(t, x, w, py)
-        _prelu.prelu_backward(t, x, w, dy, pdx, pdw, False)
-        _channel_mul.channel_mul_forward(t, x, s, y)
-        _channel_mul.channel_mul_backward(t, x, s, dy, dx, ds, False, False)
-        _drop_path.drop_path_forward(t, x, dropped, mask, 0.2, 99, step)
-        _drop_path.drop_path_backward(t, mask, dy, ddropped, 0.2, False)
+        prelu.prelu_forward(t, x, w, py)
+        prelu.prelu_backward(t, x, w, dy, pdx, pdw, False)
+        channel_mul.channel_mul_forward(t, x, s, y)
+        channel_mul.channel_mul_backward(t, x, s, dy, dx, ds, False, False)
+        drop_path.drop_path_forward(t, x, dropped, mask, 0.2, 99, step)
+        drop_path.drop_path_backward(t, mask, dy, ddropped, 0.2, False)
 
     def expected():
         x64, s64, dy64 = (a.astype(np.float64) for a in (hx, hs, hdy))
@@ -337,11 +337,11 @@ def pool_backward_case(mem, rng, batch, h, c):
     dx_max, dx_avg, dx_gap = (mem.output((batch, h, h, c), np.float16) for _ in range(3))
 
     def record(t):
-        _pool.maxpool_forward(t, x, y, argmax, 3, 2, 1)
-        _pool.maxpool_backward(t, argmax, dy, dx_max, 3, 2, 1, False)
-        _pool.avgpool_forward(t, x, avg, 3, 2, 1)
-        _pool.avgpool_backward(t, dy, dx_avg, 3, 2, 1, False)
-        _pool.gap_backward(t, gdy, dx_gap, False)
+        pool.maxpool_forward(t, x, y, argmax, 3, 2, 1)
+        pool.maxpool_backward(t, argmax, dy, dx_max, 3, 2, 1, False)
+        pool.avgpool_forward(t, x, avg, 3, 2, 1)
+        pool.avgpool_backward(t, dy, dx_avg, 3, 2, 1, False)
+        pool.gap_backward(t, gdy, dx_gap, False)
 
     def expected():
         _, ra = ref.maxpool_forward(f32(hx), 3, 2, 1)
@@ -365,8 +365,8 @@ def residual_bn_case(mem, rng, rows, channels):
                              [(0.1, np.float32), (0, np.int32), (1.0, np.float32), (0, np.int32)])
 
     def record(t):
-        _batchnorm.batchnorm_forward_eval(t, x, gamma, beta, rm, rv, 1e-5, y, activation="relu", residual=res)
-        _optim.sgd_step(t, p, g, buf, lr, step, scale, flag, 0.9, 0.0, True, 1e-4)
+        batchnorm.batchnorm_forward_eval(t, x, gamma, beta, rm, rv, 1e-5, y, activation="relu", residual=res)
+        optim.sgd_step(t, p, g, buf, lr, step, scale, flag, 0.9, 0.0, True, 1e-4)
 
     def expected():
         ry = ref.batchnorm_forward_eval(f32(hx), hg, hb, hm, np.full(channels, 2.0), 1e-5) + f32(hr)

@@ -3,9 +3,9 @@ spec, the kernel timing table, and graph-versus-eager replay of a hand-made tape
 import numpy as np
 from numba import cuda
 
-from cuda_kernels import _elementwise, _optim
-from cuda_kernels._graph import StepRunner, synchronize
-from cuda_kernels._tape import LaunchTape
+from cuda_kernels import elementwise, optim
+from cuda_kernels.graph import StepRunner, synchronize
+from cuda_kernels.tape import LaunchTape
 from planner.ops import Prim
 
 from .kernel_cases import DeviceMemory
@@ -124,12 +124,12 @@ def graph_case(mem):
 
     def record(t):
         for _ in range(50):
-            _elementwise.dropout_forward(t, x, y, mask, 0.5, 5, iteration)
-            _elementwise.activation_forward(t, Prim.SILU, y, y)
-        _optim.check_overflow(t, g, flag)
-        _optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 0.0, True)
-        _optim.update_loss_scale(t, flag, scale, tracker)
-        _optim.advance_counters(t, flag, step, iteration)
+            elementwise.dropout_forward(t, x, y, mask, 0.5, 5, iteration)
+            elementwise.activation_forward(t, Prim.SILU, y, y)
+        optim.check_overflow(t, g, flag)
+        optim.adam_step(t, p, g, m, v, lr, step, scale, flag, 0.9, 0.999, 1e-8, 0.0, True)
+        optim.update_loss_scale(t, flag, scale, tracker)
+        optim.advance_counters(t, flag, step, iteration)
     return record, {"y": y, "p": p, "mask": mask, "step": step, "iteration": iteration}
 
 

@@ -16,7 +16,7 @@ have no model (``predicted_ms`` None).
 """
 from collections import defaultdict
 
-from cuda_kernels._gemm import GEOMETRY_FIELDS
+from cuda_kernels.gemm import GEOMETRY_FIELDS
 
 from .model import ConvShape, predict_conv
 

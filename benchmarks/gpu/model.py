@@ -15,10 +15,10 @@ mma.sync share of the tensor-core peak is an assumption (wgmma reaches the peak 
 import math
 from dataclasses import dataclass
 
-from cuda_kernels._mma_dgrad import DGRAD_TILES
-from cuda_kernels._mma_conv import STEM_TILES
-from cuda_kernels._mma_tiles import BK, CHUNK, choose_tile, pipeline_bytes
-from cuda_kernels._mma_wgrad import WGRAD_TILES
+from cuda_kernels.mma_dgrad import DGRAD_TILES
+from cuda_kernels.mma_conv import STEM_TILES
+from cuda_kernels.mma_tiles import BK, CHUNK, choose_tile, pipeline_bytes
+from cuda_kernels.mma_wgrad import WGRAD_TILES
 
 
 @dataclass(frozen=True)

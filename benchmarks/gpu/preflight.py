@@ -6,8 +6,8 @@ check's FAIL, with its type, message and traceback tail; the next check runs) an
 or SKIP; together they are one record, unit "preflight". What each check assumes, and where that was
 read in the installed packages: tests/cuda/test_gpu_assumptions.py (docs/gpu-runbook.md).
 
-    stream         _graph.new_stream(): a non-blocking cuda.core stream (all later checks run on it)
-    handle         _dynamic_smem.loaded_handle: numba-cuda's private accessor chain gives a CUkernel or
+    stream         graph.new_stream(): a non-blocking cuda.core stream (all later checks run on it)
+    handle         dynamic_smem.loaded_handle: numba-cuda's private accessor chain gives a CUkernel or
                    CUfunction and an int device ordinal for a compiled kernel
     shared-limit   cuKernelSetAttribute / cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) is accepted and
                    reads back (cuKernelGetAttribute / cuFuncGetAttribute) as the tile's byte count
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from cuda_kernels import _dynamic_smem, _graph
-from cuda_kernels._registry import SIMULATOR
+from cuda_kernels import dynamic_smem, graph
+from cuda_kernels.registry import SIMULATOR
 
 TRACEBACK_LINES = 12      # the tail of a failed check's traceback kept in its record
 FP16_TOLERANCE = (2e-3, 1e-3)   # test_kernels.py's fp16 (rtol, atol as a fraction of the largest |expected|)
@@ -44,10 +44,10 @@ class Check:
 
 
 def _wide_dgrad_spec():
-    from cuda_kernels._mma_dgrad import DGRAD
-    from cuda_kernels._mma_tiles import GPU_TILES
+    from cuda_kernels.mma_dgrad import DGRAD
+    from cuda_kernels.mma_tiles import GPU_TILES
     spec = DGRAD[GPU_TILES[0]]
-    if spec.dynamic_shared_bytes <= _dynamic_smem.STATIC_SHARED_LIMIT:
+    if spec.dynamic_shared_bytes <= dynamic_smem.STATIC_SHARED_LIMIT:
         raise AssertionError(f"{spec.name}: expected a tile above 48 KB of shared memory, got "
                              f"{spec.dynamic_shared_bytes} dynamic bytes")
     return spec
@@ -58,11 +58,11 @@ def check_handle(stream):
         raise PreflightSkip("the simulator has no loaded kernels (nothing to raise there)")
     from cuda.bindings import driver
     spec = _wide_dgrad_spec()
-    handle, device = _dynamic_smem.loaded_handle(spec)
+    handle, device = dynamic_smem.loaded_handle(spec)
     if not isinstance(handle, (driver.CUkernel, driver.CUfunction)) or not isinstance(device, int):
         raise TypeError(f"{spec.name}: expected (CUkernel or CUfunction, int device), got "
                         f"({type(handle).__name__}, {type(device).__name__}) from numba-cuda's "
-                        f"_compat.loaded_handle; fix cuda_kernels/_compat.py")
+                        f"compat.loaded_handle; fix cuda_kernels/compat.py")
     return f"{spec.name}: {type(handle).__name__} {int(handle):#x} on device {device}"
 
 
@@ -90,12 +90,12 @@ def check_shared_limit(stream):
         raise PreflightSkip("the simulator has no kernel attributes (its dynamic shared array is the launch's size)")
     spec = _wide_dgrad_spec()
     cc, optin = device_optin_shared()
-    table = _dynamic_smem.MAX_SHARED_PER_BLOCK.get(cc)
+    table = dynamic_smem.MAX_SHARED_PER_BLOCK.get(cc)
     if table is not None and optin < table:
         raise AssertionError(f"sm_{cc[0]}{cc[1]} opts in to {optin} shared bytes per block; "
-                             f"_dynamic_smem.MAX_SHARED_PER_BLOCK says {table}: correct the table")
-    _dynamic_smem.raise_shared_limit(spec)
-    handle, device = _dynamic_smem.loaded_handle(spec)
+                             f"dynamic_smem.MAX_SHARED_PER_BLOCK says {table}: correct the table")
+    dynamic_smem.raise_shared_limit(spec)
+    handle, device = dynamic_smem.loaded_handle(spec)
     value = read_max_dynamic_shared(handle, device)
     if value != spec.dynamic_shared_bytes:
         raise AssertionError(f"{spec.name}: MAX_DYNAMIC_SHARED_SIZE_BYTES reads {value} after raising it to "
@@ -118,17 +118,17 @@ def _close(label, got, expected):
 
 def _replay(record, stream):
     """Record one launch on a tape, prepare it (compile, raise limits) and replay it on ``stream``."""
-    from cuda_kernels._tape import LaunchTape
+    from cuda_kernels.tape import LaunchTape
     tape = LaunchTape()
     record(tape)
     tape.compile_kernels()
     tape.replay(stream)
-    _graph.synchronize(stream)
+    graph.synchronize(stream)
     return tape
 
 
 def check_mma_forward(stream):
-    from cuda_kernels import _mma_conv
+    from cuda_kernels import mma_conv
     from planner import reference as ref
     rng = np.random.default_rng(21)
     x, w = _half(rng, (1, 5, 5, 8)), _half(rng, (12, 3, 3, 8), 0.5)   # M 25, N 12, K 72: every tile edge partial
@@ -136,14 +136,14 @@ def check_mma_forward(stream):
     dx, dw = cuda.to_device(x), cuda.to_device(w)
     y = cuda.to_device(np.full(expected.shape, np.nan, np.float16))
     cuda.synchronize()   # the legacy-stream copies finish before the non-blocking stream's launch
-    tape = _replay(lambda t: _mma_conv.conv2d_forward(t, dx, dw, y, 1, 1, 1), stream)
+    tape = _replay(lambda t: mma_conv.conv2d_forward(t, dx, dw, y, 1, 1, 1), stream)
     error = _close("mma forward y", y.copy_to_host(), expected)
     return f"{tape.names()[0]} on (1, 5, 5, 8) * (12, 3, 3, 8): max |error| {error:.2e}"
 
 
 def check_mma_dynamic(stream):
-    from cuda_kernels import _mma_dgrad
-    from cuda_kernels._mma_tiles import GPU_TILES
+    from cuda_kernels import mma_dgrad
+    from cuda_kernels.mma_tiles import GPU_TILES
     from planner import reference as ref
     spec = _wide_dgrad_spec()
     rng = np.random.default_rng(22)
@@ -153,14 +153,14 @@ def check_mma_dynamic(stream):
     dw, ddy = cuda.to_device(w), cuda.to_device(dy)
     dx = cuda.to_device(np.full(x.shape, np.nan, np.float16))
     cuda.synchronize()
-    _replay(lambda t: _mma_dgrad.conv2d_backward_data(t, dw, ddy, dx, 1, 0, False, tile=GPU_TILES[0]), stream)
+    _replay(lambda t: mma_dgrad.conv2d_backward_data(t, dw, ddy, dx, 1, 0, False, tile=GPU_TILES[0]), stream)
     error = _close("mma dgrad dx", dx.copy_to_host(), expected)
     return f"{spec.name} ({spec.dynamic_shared_bytes} dynamic shared bytes): max |error| {error:.2e}"
 
 
 def _tiny_step():
     """A few launches driven by device counters (dropout draws per iteration): frozen arguments, moving state."""
-    from cuda_kernels import _elementwise, _optim
+    from cuda_kernels import elementwise, optim
     from planner.ops import Prim
     rng = np.random.default_rng(23)
     x = cuda.to_device(rng.standard_normal(256).astype(np.float16))
@@ -169,15 +169,15 @@ def _tiny_step():
 
     def record(tape):
         for _ in range(3):
-            _elementwise.dropout_forward(tape, x, y, mask, 0.5, 5, iteration)
-            _elementwise.activation_forward(tape, Prim.SILU, y, y)
-        _optim.advance_counters(tape, flag, step, iteration)
+            elementwise.dropout_forward(tape, x, y, mask, 0.5, 5, iteration)
+            elementwise.activation_forward(tape, Prim.SILU, y, y)
+        optim.advance_counters(tape, flag, step, iteration)
     return record, {"y": y, "mask": mask, "step": step}
 
 
 def check_graph(stream):
-    from cuda_kernels._tape import LaunchTape
-    available, why = _graph.graph_support()
+    from cuda_kernels.tape import LaunchTape
+    available, why = graph.graph_support()
     if not available:
         if SIMULATOR:
             raise PreflightSkip(why)
@@ -189,12 +189,12 @@ def check_graph(stream):
     cuda.synchronize()
     tape_e.replay(stream)
     tape_g.replay(stream)          # the warm-up: every kernel compiled and loaded before the capture
-    _graph.synchronize(stream)
-    graph = _graph.capture_graph(tape_g.kernels())
+    graph.synchronize(stream)
+    captured = graph.capture_graph(tape_g.kernels())
     for _ in range(2):
         tape_e.replay(stream)
-        graph.launch(stream)
-    _graph.synchronize(stream)
+        captured.launch(stream)
+    graph.synchronize(stream)
     differ = [label for label in eager
               if not np.array_equal(eager[label].copy_to_host(), graphed[label].copy_to_host())]
     if differ:
@@ -206,7 +206,7 @@ def check_graph(stream):
 
 
 CHECKS = (
-    Check("handle", "numba-cuda 0.30: _compat.loaded_handle(kernel.compile(sig)) -> (CUkernel, device id)",
+    Check("handle", "numba-cuda 0.30: compat.loaded_handle(kernel.compile(sig)) -> (CUkernel, device id)",
           check_handle),
     Check("shared-limit", "cuda.bindings 13: cuKernelSetAttribute(attrib, val, kernel, dev) sets "
                           "MAX_DYNAMIC_SHARED_SIZE_BYTES", check_shared_limit),
@@ -236,9 +236,9 @@ def run_check(check, stream):
 
 
 def stream_check(made):
-    """The first check: the run's stream (``_graph.new_stream``), kept in ``made["stream"]``."""
+    """The first check: the run's stream (``graph.new_stream``), kept in ``made["stream"]``."""
     def make(_):
-        stream = made["stream"] = _graph.new_stream()
+        stream = made["stream"] = graph.new_stream()
         if not SIMULATOR and not stream.is_nonblocking:
             raise AssertionError(f"{stream!r} is a blocking stream: graph capture needs a non-blocking one")
         return f"{type(stream).__module__}.{type(stream).__name__}" + ("" if SIMULATOR else " (non-blocking)")

@@ -50,7 +50,7 @@ def _read(getter):
 def _device_fields():
     """GPU name, SM count, compute capability, clocks and the driver's CUDA version, as numba sees them."""
     from numba import cuda
-    from cuda_kernels._registry import SIMULATOR
+    from cuda_kernels.registry import SIMULATOR
     if SIMULATOR:
         return {"gpu": "unavailable: NUMBA_ENABLE_CUDASIM=1 (the simulator)"}
     available = _read(cuda.is_available)
@@ -81,10 +81,10 @@ def _torch_fields():
 
 
 def _cuda_features():
-    """What this install lacks and the fallback taken (``cuda_kernels._compat``), and the excluded tiles."""
-    from cuda_kernels import _compat, _tile_exclusions
-    fields = {name: feature.record() for name, feature in _compat.features().items()}
-    fields["excluded_tiles"] = _tile_exclusions.format_exclusions(_tile_exclusions.EXCLUDED)
+    """What this install lacks and the fallback taken (``cuda_kernels.compat``), and the excluded tiles."""
+    from cuda_kernels import compat, tile_exclusions
+    fields = {name: feature.record() for name, feature in compat.features().items()}
+    fields["excluded_tiles"] = tile_exclusions.format_exclusions(tile_exclusions.EXCLUDED)
     return fields
 
 

@@ -7,7 +7,7 @@ the breakdown over the recorded step with stand-in events) and the estimate of t
 import time
 from types import SimpleNamespace
 
-from cuda_kernels._registry import SIMULATOR
+from cuda_kernels.registry import SIMULATOR
 
 from .estimate import Measured, quick_estimate
 
@@ -36,7 +36,7 @@ def write_versions(out, failures):
 def _compile_every_kernel(dry):
     """``{kernel: seconds}``: ``spec.compile()`` on the GPU (the cold JIT every later unit would
     pay), ``compile_ptx`` for sm_90 in the dry run (NVVM only; what the estimate scales)."""
-    from cuda_kernels._registry import all_kernels
+    from cuda_kernels.registry import all_kernels
     seconds = {}
     if dry:
         from numba import cuda
@@ -177,8 +177,8 @@ def dry_run_quick(out, failures):
 
 
 def _estimate_inputs(measured):
-    from cuda_kernels._mma_kernels import all_mma_kernels
-    from cuda_kernels._registry import all_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
+    from cuda_kernels.registry import all_kernels
     from .preflight import CHECKS
     from .tile_cases import CASES
     return Measured(table_compile_ptx=measured["compile"], table_kernels=len(all_kernels()),
@@ -215,7 +215,7 @@ def _representative_mma_compile():
     import tempfile
     from numba import cuda
     import numba.cuda.dispatcher as dispatcher
-    from cuda_kernels._mma_kernels import all_mma_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
     spec = all_mma_kernels()[REPRESENTATIVE_MMA]
     saved = dispatcher.get_current_device
     dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=(9, 0))

@@ -34,8 +34,8 @@ def warmup_groups(names, workers):
 
 
 def all_kernel_names():
-    from cuda_kernels._mma_kernels import all_mma_kernels
-    from cuda_kernels._registry import all_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
+    from cuda_kernels.registry import all_kernels
     return sorted({**all_kernels(), **all_mma_kernels()})
 
 

@@ -15,8 +15,8 @@ def _lines():
 def compile_kernels(names):
     """JIT-compile the kernels ``names`` (the table's and the tensor-core table's) for this GPU; with
     ``BLUEPRINT_CUDA_CACHE=1`` each lands in the disk cache, where the later units load it."""
-    from cuda_kernels._mma_kernels import all_mma_kernels
-    from cuda_kernels._registry import all_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
+    from cuda_kernels.registry import all_kernels
     table = {**all_kernels(), **all_mma_kernels()}
     seconds = {}
     for name in names:

@@ -35,10 +35,10 @@ def case_kernels():
 
 def run_cases():
     """Inside the sanitizer: the preflight's tensor-core checks and every tile case, one after another."""
-    from cuda_kernels import _graph
+    from cuda_kernels import graph
     from .preflight import CHECKS, run_check
     from .tile_cases import CASES, run_case
-    stream = _graph.new_stream()
+    stream = graph.new_stream()
     failed = 0
     for check in (c for c in CHECKS if c.name in PREFLIGHT_CASES):
         result = run_check(check, stream)

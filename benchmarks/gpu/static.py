@@ -9,8 +9,8 @@ of its tile on an H200 (``model``: a prediction, not a measurement).
 import json
 from types import SimpleNamespace
 
-from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
-from cuda_kernels._mma_tiles import BK, CHUNK, TILES
+from cuda_kernels.mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
+from cuda_kernels.mma_tiles import BK, CHUNK, TILES
 
 from .model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
 
@@ -34,7 +34,7 @@ def static_records(archs=ARCHS):
     import numba.cuda.dispatcher as dispatcher
     from numba import cuda
 
-    from cuda_kernels._mma_kernels import all_mma_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
     records = []
     for cc in archs:
         # device functions compile for the "current" device: there is none, say which

@@ -83,7 +83,7 @@ def without_dropout(make):
     the mask its backward reads.)"""
     def build():
         from blueprint import BluePrint, Kind, identity
-        from blueprint._layer import map_layers
+        from blueprint import map_layers
         bp = make()
         return BluePrint(map_layers(bp.root, lambda layer: identity() if layer.kind == Kind.DROPOUT else layer),
                          bp.name + "_nodropout")

@@ -10,10 +10,10 @@ the ``BLUEPRINT_MMA_EXCLUDE`` value those units run with (the executor runs that
 import math
 from dataclasses import dataclass
 
-from cuda_kernels._mma_dgrad import DGRAD_TILES
-from cuda_kernels._mma_tiles import BK, GPU_TILES, MmaTile
-from cuda_kernels._mma_wgrad import WGRAD_TILES
-from cuda_kernels._tile_exclusions import format_exclusions
+from cuda_kernels.mma_dgrad import DGRAD_TILES
+from cuda_kernels.mma_tiles import BK, GPU_TILES, MmaTile
+from cuda_kernels.mma_wgrad import WGRAD_TILES
+from cuda_kernels.tile_exclusions import format_exclusions
 
 K_TILES = 5
 CHANNELS_FOR_K = 16       # 3x3 taps x 16 channels = 144 = 4.5 k-tiles of 32: 5, the last partial
@@ -72,8 +72,8 @@ def run_case(name, seed=0):
     import numpy as np
     from numba import cuda
 
-    from cuda_kernels import _graph, _mma_conv, _mma_dgrad, _mma_wgrad
-    from cuda_kernels._tape import LaunchTape
+    from cuda_kernels import graph, mma_conv, mma_dgrad, mma_wgrad
+    from cuda_kernels.tape import LaunchTape
     from planner import reference as ref
     from tests.support.cuda_checks import TOLERANCES
 
@@ -93,15 +93,15 @@ def run_case(name, seed=0):
     dx, dw, ddy = cuda.to_device(x), cuda.to_device(w), cuda.to_device(dy)
     out = cuda.to_device(np.full(expected.shape, np.nan, dtype))
     cuda.synchronize()   # the copies (legacy stream) before the launch (the unit's own stream)
-    launch = {"forward": lambda t: _mma_conv.conv2d_forward(t, dx, dw, out, s, p, 1, tile=case.tile),
-              "dgrad": lambda t: _mma_dgrad.conv2d_backward_data(t, dw, ddy, out, s, p, False, tile=case.tile),
-              "wgrad": lambda t: _mma_wgrad.conv2d_backward_weight(t, dx, dw, ddy, out, s, p, tile=case.tile)}
+    launch = {"forward": lambda t: mma_conv.conv2d_forward(t, dx, dw, out, s, p, 1, tile=case.tile),
+              "dgrad": lambda t: mma_dgrad.conv2d_backward_data(t, dw, ddy, out, s, p, False, tile=case.tile),
+              "wgrad": lambda t: mma_wgrad.conv2d_backward_weight(t, dx, dw, ddy, out, s, p, tile=case.tile)}
     tape = LaunchTape()
     launch[case.direction](tape)
-    stream = _graph.new_stream()
+    stream = graph.new_stream()
     tape.compile_kernels()
     tape.replay(stream)
-    _graph.synchronize(stream)
+    graph.synchronize(stream)
     got = out.copy_to_host().astype(np.float64)
     rtol, atol_fraction = TOLERANCES[tol]
     atol = atol_fraction * float(np.abs(expected).max(initial=0.0))

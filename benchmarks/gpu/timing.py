@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from cuda_kernels._graph import synchronize
+from cuda_kernels.graph import synchronize
 
 from .step_common import (COMPILE_RESERVE_S, MAX_TIMED_STEPS, MIB, MOMENTUM, SECTION_RESERVE_S, TIMED_S,
                                TIMING_LR, WARMUP_STEPS, compile_step_plan, release_device_memory, report_crash, sgd,

@@ -3,7 +3,7 @@
 `Distributed` is a frozen value: the rank, the world size, the collective timeout and whether BN is
 synchronised. The torch process group is always gloo: it carries the CPU path's all-reduces and
 every small collective (metrics, broadcasts); the CUDA path's gradient all-reduce runs on NCCL on the
-step's stream (`cuda_kernels._collective`), bootstrapped through this group.
+step's stream (`cuda_kernels.collective`), bootstrapped through this group.
 `Distributed.from_environment()` reads what `torchrun` (and `blueprint train --nproc-per-node N`,
 which starts the workers through torch's own launcher) sets: ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.

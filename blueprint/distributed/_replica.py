@@ -9,7 +9,7 @@
   count) of the forward and of the backward's ``dx`` are all-reduced, so BN normalises over the
   global batch; ``dgamma``/``dbeta`` stay this replica's and are averaged with every gradient
   (exactly `torch.nn.SyncBatchNorm` under DDP). On the CUDA path the same sums are all-reduced by
-  NCCL entries of the launch tape (``cuda_kernels._collective``), installed with the gradient's;
+  NCCL entries of the launch tape (``cuda_kernels.collective``), installed with the gradient's;
 - gives rank ``r > 0`` its own dropout stream (``replica_seed``);
 - broadcasts rank 0's parameters and BN statistics, as DDP does when it wraps a model.
 
@@ -50,7 +50,7 @@ def _on_host(executor) -> bool:
 def _gradient_reduction(executor, dist: Distributed):
     if _on_host(executor):
         return _HostGradients(dist, executor)
-    from cuda_kernels._collective import device_gradient_reduction
+    from cuda_kernels.collective import device_gradient_reduction
     return device_gradient_reduction(executor, dist)
 
 

@@ -7,7 +7,7 @@ long compiling took: numba's "numba:compile" event fires only when a kernel is r
 disk-cache miss), never when one is loaded from the cache, so on the CPU path the notice appears on
 the first run on a machine and not afterwards. The CUDA kernels are not cached on disk: the CUDA
 executor compiles each recorded step's kernels once per process, before the step's first replay,
-inside the same event (`cuda_kernels._registry.KernelSpec.compile`), so the notice and the img/s
+inside the same event (`cuda_kernels.registry.KernelSpec.compile`), so the notice and the img/s
 correction cover them too. Everything goes to stderr, so stdout keeps the result alone
 (`blueprint train --json > result.json`).
 """

@@ -45,7 +45,7 @@ def replica_loaders(dist, train, val):
 def place_replica(dist) -> None:
     """On the CUDA path, each replica of a machine takes its own GPU (LOCAL_RANK) before its arena exists."""
     if dist is not None:
-        from cuda_kernels._collective import select_local_device
+        from cuda_kernels.collective import select_local_device
         select_local_device()
 
 

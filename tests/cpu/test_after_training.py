@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint.task.data import digits
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -1,6 +1,7 @@
-"""`benchmarks/alternating.py`: the rounds alternate their order, the ratios are pairwise, and the
+"""`benchmarks.alternating`: the rounds alternate their order, the ratios are pairwise, and the
 AVX2 stand-in really lowers what numba emits and which OpenBLAS kernels run."""
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -37,6 +38,18 @@ def test_every_thread_pool_gets_the_same_count():
     assert [env[name] for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
                                    "NUMBA_NUM_THREADS")] == ["3"] * 4
 
+
+
+def test_a_side_runs_as_a_module_from_the_repository_root(tmp_path, monkeypatch):
+    """A side is `python -m benchmarks.<name>` started at the repository root, whatever the parent's working
+    directory (no sys.path edits); the parent keeps the JSON object of the child's last line."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "result.json").write_text('{"seconds": [1, 2]}')
+    assert alternating.run_child("json.tool", ["--compact", str(tmp_path / "result.json")], dict(os.environ),
+                                 timeout=60) == {"seconds": [1, 2]}
+    # found the package benchmarks (the repository root is the child's directory), not its module
+    with pytest.raises(RuntimeError, match=r"No module named '?benchmarks\.no_such_side"):
+        alternating.run_child("benchmarks.no_such_side", [], dict(os.environ), timeout=60)
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="the AVX2 stand-in is for x86-64 machines")
 def test_the_avx2_standin_lowers_numba_and_openblas():

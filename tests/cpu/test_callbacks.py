@@ -9,8 +9,8 @@ import pytest
 from blueprint import BluePrint, cbr, fc, gap, seq
 from blueprint.optim import SGD, ReduceLROnPlateau
 from blueprint.task import ConfigError, DeepLearningTask, EarlyStopping, ModelCheckpoint, StopTraining
-from blueprint.task._checkpoint import load_checkpoint
-from blueprint.task._position import interrupt_path
+from blueprint.task import load_checkpoint
+from blueprint.task import interrupt_path
 from blueprint.task.data import ArrayDataset, DataLoader, digits
 
 TRAIN, VAL, BATCH = 128, 64, 32      # 4 train steps, 2 val batches per epoch

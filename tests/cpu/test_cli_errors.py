@@ -8,7 +8,7 @@ import pytest
 
 import blueprint._train_command as train_command
 from blueprint import BluePrint, cbr, fc, gap, seq
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint.task import DeepLearningTask
 from blueprint.task.data import ArrayDataset
 

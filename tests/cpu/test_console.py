@@ -8,10 +8,10 @@ import numba
 import pytest
 
 from blueprint import BluePrint, cbr, fc, gap, seq
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint.optim import SGD
 from blueprint.task import DeepLearningTask
-from blueprint.task._task import EpochRecord
+from blueprint.task import EpochRecord
 from blueprint.task._console import COMPILE_NOTICE, CompileWatch, Console, epoch_line
 from blueprint.task.data import ArrayDataset, digits
 

@@ -231,12 +231,12 @@ def test_blueprint_train_nproc_per_node_starts_the_workers_through_torchrun(tmp_
     assert '"epochs": 1' in metrics[0]
     history = (out / "history.jsonl").read_text().splitlines()
     assert len(history) == 1 and (out / "checkpoint.safetensors").exists()
-    from blueprint.task._checkpoint import load_checkpoint
+    from blueprint.task import load_checkpoint
     assert load_checkpoint(out / "checkpoint.safetensors")[1]["world_size"] == 2
 
 
 def test_the_workers_get_every_training_option_but_the_launch_options():
-    from blueprint._cli import build_parser
+    from blueprint.cli import build_parser
     from blueprint._launch import launcher_arguments, worker_arguments
     args = build_parser().parse_args(["train", "--epochs", "3", "--nproc-per-node", "2", "--sync-batchnorm",
                                       "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--lr", "0.1"])
@@ -250,7 +250,7 @@ def test_the_workers_get_every_training_option_but_the_launch_options():
 
 
 def test_sync_batchnorm_outside_a_data_parallel_run_is_refused_with_the_fix(monkeypatch, capsys, tmp_path):
-    from blueprint._cli import main
+    from blueprint.cli import main
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     assert main(["train", "--sync-batchnorm", "--epochs", "1", "--out", str(tmp_path / "run")]) == 2

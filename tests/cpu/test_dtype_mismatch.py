@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from blueprint import BluePrint, conv, fc, gap, relu, seq
-from blueprint._errors import ConfigError
+from blueprint import ConfigError
 from blueprint.optim import SGD
 from blueprint.task import DeepLearningTask
 from blueprint.task.data import ArrayDataset

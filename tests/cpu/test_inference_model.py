@@ -7,7 +7,7 @@ import pytest
 from blueprint import BluePrint, InputSpec, Model, cbr, fc, gap, seq, zoo
 from blueprint.optim import SGD
 from blueprint.task import ConfigError, DeepLearningTask
-from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task import load_checkpoint, save_checkpoint
 from blueprint.task.data import ArrayDataset, DataLoader, digits
 
 FLOAT32_LOGIT_RTOL = 1e-5   # eval logits at different batch sizes: only the GEMM's summation order differs

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from blueprint import BluePrint, Model, bn, conv, fc, gap, relu, seq
-from blueprint._cli import main
-from blueprint._model import InputSpec
+from blueprint.cli import main
+from blueprint import InputSpec
 from blueprint.optim import SGD, MultiStepLR
 from blueprint.task import DeepLearningTask
-from blueprint.task._checkpoint import CheckpointIntegrityError, load_checkpoint, save_checkpoint
-from blueprint.task._fit_loop import DivergedError
+from blueprint.task import CheckpointIntegrityError, load_checkpoint, save_checkpoint
+from blueprint.task import DivergedError
 from blueprint.task.data import ArrayDataset
 
 NET = BluePrint(seq(conv(4, 3, 1, 1), bn(), relu(), gap(), fc(2)))

@@ -12,8 +12,8 @@ import pytest
 from blueprint import BluePrint, cbr, dropout, fc, gap, seq
 from blueprint.optim import SGD, AdamW, ConstantLR, CosineAnnealingLR, CrossEntropyLoss
 from blueprint.task import ConfigError, DeepLearningTask
-from blueprint.task._checkpoint import load_checkpoint
-from blueprint.task._position import ResumeError, interrupt_path
+from blueprint.task import load_checkpoint
+from blueprint.task import ResumeError, interrupt_path
 from blueprint.task.data import ArrayDataset, Augment, DataLoader, digits
 from cpu_ref import CpuExecutor
 

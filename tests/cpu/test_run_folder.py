@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint._run_folder import LOCK_NAME, run_folder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +114,7 @@ def test_ctrl_c_of_a_real_run_then_resume_matches_a_straight_run(tmp_path):
 
     import numpy as np
 
-    from blueprint.task._checkpoint import load_checkpoint
+    from blueprint.task import load_checkpoint
 
     epochs = ["--epochs", "6", "--batch-size", "128", "--json"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"

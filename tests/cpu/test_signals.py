@@ -6,10 +6,10 @@ import signal
 
 
 import blueprint._train_command as train_command
-from blueprint._cli import build_parser, main
+from blueprint.cli import build_parser, main
 from blueprint._launch import worker_arguments
 from blueprint._run_folder import LOCK_NAME
-from blueprint.task._checkpoint import load_checkpoint
+from blueprint.task import load_checkpoint
 
 
 def test_sigterm_saves_the_position_releases_the_lock_and_exits_143(tmp_path, monkeypatch, capsys):

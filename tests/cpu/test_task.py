@@ -161,7 +161,7 @@ def test_cli_train_json(tmp_path):
 
 def test_default_demo_reaches_the_accuracy_readme_promises(tmp_path, capsys):
     """`blueprint train` with no arguments (README's first command): >= 97% on the digits."""
-    from blueprint._cli import main
+    from blueprint.cli import main
     from blueprint._train_command import DEFAULTS
 
     assert main(["train", "--json", "--out", str(tmp_path / "demo")]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from blueprint import BluePrint, Model, bn, conv, fc, gap, relu, seq
-from blueprint._model import InputSpec
+from blueprint import InputSpec
 
 NET = BluePrint(seq(conv(8, 3, 1, 1), bn(), relu(), conv(8, 3, 1, 1), relu(), gap(), fc(3)))
 CALLS = 40

@@ -8,7 +8,7 @@ import pytest
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
-from blueprint._cli import build_parser, main  # noqa: E402
+from blueprint.cli import build_parser, main  # noqa: E402
 from blueprint._train_command import build_task, load_data  # noqa: E402
 from blueprint._train_options import DataOptions  # noqa: E402
 from blueprint.optim import Adam, OneCycleLR, ReduceLROnPlateau, StepLR  # noqa: E402

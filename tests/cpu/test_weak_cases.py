@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from blueprint._cli import main
-from blueprint._errors import ConfigError
+from blueprint.cli import main
+from blueprint import ConfigError
 from blueprint.task import _checkpoint
-from blueprint.task._checkpoint import save_checkpoint
+from blueprint.task import save_checkpoint
 
 QUICK = ["train", "--epochs", "1", "--batch-size", "1024", "--quiet"]
 

@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from cuda_kernels import _mma_tiles
+from cuda_kernels import mma_tiles
 from tests.cuda.test_mma_conv import _forward
 
 
@@ -23,6 +23,6 @@ def _deleted_barrier():
 def test_the_forward_fails_without_the_main_loops_block_barrier(monkeypatch, case):
     rng = np.random.default_rng(zlib.crc32(case.encode()))
     _forward(rng, case, False)   # with the barrier: matches the spec
-    monkeypatch.setattr(_mma_tiles, "block_barrier", _deleted_barrier)
+    monkeypatch.setattr(mma_tiles, "block_barrier", _deleted_barrier)
     with pytest.raises(AssertionError):
         _forward(rng, case, False)

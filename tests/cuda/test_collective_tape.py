@@ -10,8 +10,8 @@ import pytest
 from blueprint import BluePrint, fc, relu, seq
 from blueprint.optim import SGD, CrossEntropyLoss
 from cuda_kernels import CudaExecutor
-from cuda_kernels._collective import CollectiveEntry, RecordingCollectives
-from cuda_kernels._tape import LaunchTape, device_span
+from cuda_kernels.collective import CollectiveEntry, RecordingCollectives
+from cuda_kernels.tape import LaunchTape, device_span
 from planner import ArchPlan
 from planner.compiler import Compiler
 
@@ -77,17 +77,17 @@ def test_one_replica_with_the_collectives_steps_exactly_as_without():
 def test_graph_capture_takes_collectives_among_kernels_but_still_refuses_a_transfer_there():
     from numba import cuda
 
-    from cuda_kernels import _elementwise
+    from cuda_kernels import elementwise
     x = cuda.to_device(np.ones(4, np.float16))
     y = cuda.device_array(4, np.float16)
     collective = CollectiveEntry("all_reduce_avg_grads", "avg", y, RecordingCollectives())
     tape = LaunchTape()
-    _elementwise.activation_forward(tape, "relu", x, y)
+    elementwise.activation_forward(tape, "relu", x, y)
     tape.add(collective)
-    _elementwise.activation_forward(tape, "relu", y, x)
+    elementwise.activation_forward(tape, "relu", y, x)
     assert [e.kind for e in tape.segments()[1]] == ["kernel", "collective", "kernel"]
     tape.add(type("Upload", (), {"kind": "upload", "name": "input", "run": lambda self, stream: None})())
-    _elementwise.activation_forward(tape, "relu", x, y)
+    elementwise.activation_forward(tape, "relu", x, y)
     with pytest.raises(ValueError, match=r"transfers \['input'\] sit between kernels"):
         tape.segments()
 
@@ -95,9 +95,9 @@ def test_graph_capture_takes_collectives_among_kernels_but_still_refuses_a_trans
 def test_without_nccl4py_a_cuda_replica_names_what_to_install():
     import importlib.util
 
-    from blueprint._errors import ConfigError
+    from blueprint import ConfigError
     from blueprint.distributed import Distributed
-    from cuda_kernels._collective import NcclCollectives
+    from cuda_kernels.collective import NcclCollectives
     if importlib.util.find_spec("nccl") is not None:
         pytest.skip("nccl4py is installed here: the real communicator needs GPUs (gpu_check's data-parallel section)")
     with pytest.raises(ConfigError, match=r"needs nccl4py: pip install 'nccl4py\[cu13\]'"):

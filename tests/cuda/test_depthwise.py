@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cuda_kernels import _conv
-from cuda_kernels._registry import SIMULATOR
+from cuda_kernels.registry import SIMULATOR
 
 SELECTION = [  # (channels, forward kernel, backward kernels)
     (8, "depthwise_forward_vec8", ["fill_zero_u32", "depthwise_backward_weight_vec8", "depthwise_backward_data_vec8"]),

@@ -308,7 +308,7 @@ def test_the_task_trains_on_the_cuda_path_end_to_end(tmp_path):
 
 # ---- transfers on the step's stream, pipelined steps, capture fallback (issue 11, items 2-3) -----------------
 def _touches(entry, span):
-    from cuda_kernels._tape import device_span
+    from cuda_kernels.tape import device_span
     return any(hasattr(a, "shape") and not isinstance(a, np.ndarray) and
                device_span(a)[0] < span[1] and span[0] < device_span(a)[1] for a in entry.args)
 
@@ -318,8 +318,8 @@ def test_a_recorded_step_orders_every_transfer_on_the_stream(purpose):
     """On the tape (the stream's order): each upload before the first kernel touching its slot, the
     "uploaded" event before any kernel, each download after the last kernel touching its slot, and the
     "done" event (what the host waits on) after every download."""
-    from cuda_kernels._executor import STEP_INPUTS, STEP_OUTPUTS
-    from cuda_kernels._tape import device_span
+    from cuda_kernels.executor import STEP_INPUTS, STEP_OUTPUTS
+    from cuda_kernels.tape import device_span
     plan = compile_plan(SMALL, fuse=True, amp=True)
     ex = CudaExecutor(plan, seed=0, init_loss_scale=CHECK_SCALE)
     (x, y), = batches(1)
@@ -394,22 +394,22 @@ def test_a_result_read_after_its_buffers_were_reused_is_refused():
 def test_a_failed_capture_falls_back_to_eager_and_the_executor_says_so(monkeypatch):
     """Capture raising (monkeypatched: the simulator has no graphs): one warning, the same results as
     eager replay, and ``replay_in_use`` names the fallback (gpu_check prints it)."""
-    from cuda_kernels import _graph
+    from cuda_kernels import graph
 
     def refuse(kernels):
         raise RuntimeError("capture refused (test)")
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "capture_graph", refuse)
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "capture_graph", refuse)
     plan = compile_plan(SMALL, fuse=True, amp=True)
-    graph, eager = (CudaExecutor(plan, seed=2, replay=mode, init_loss_scale=CHECK_SCALE) for mode in ("graph", "eager"))
-    assert graph.replay_in_use == "graph" and eager.replay_in_use == "eager"
+    graphed, eager = (CudaExecutor(plan, seed=2, replay=mode, init_loss_scale=CHECK_SCALE) for mode in ("graph", "eager"))
+    assert graphed.replay_in_use == "graph" and eager.replay_in_use == "eager"
     data = batches(3, seed=3)
-    with pytest.warns(_graph.GraphCaptureWarning) as caught:
-        got = [graph.train_step(x, y, 0.1) for x, y in data]
-    assert len([w for w in caught if issubclass(w.category, _graph.GraphCaptureWarning)]) == 1
+    with pytest.warns(graph.GraphCaptureWarning) as caught:
+        got = [graphed.train_step(x, y, 0.1) for x, y in data]
+    assert len([w for w in caught if issubclass(w.category, graph.GraphCaptureWarning)]) == 1
     want = [eager.train_step(x, y, 0.1) for x, y in data]
     np.testing.assert_allclose(got, want, rtol=ATOMICS_RTOL)
-    assert graph.replay_in_use.startswith("eager (fell back: graph capture failed (RuntimeError: capture refused")
+    assert graphed.replay_in_use.startswith("eager (fell back: graph capture failed (RuntimeError: capture refused")
 
 
 def test_gpu_checks_breakdown_times_every_entry_of_a_real_step():

@@ -1,6 +1,6 @@
 """What the GPU-only code assumes of numba-cuda, cuda-core, cuda-bindings and nccl4py, pinned without a GPU.
 
-The code paths that only a real GPU executes (``_dynamic_smem``'s handle and driver call, launches and
+The code paths that only a real GPU executes (``dynamic_smem``'s handle and driver call, launches and
 copies on a cuda.core stream, graph capture on a ``GraphBuilder``, the NCCL communicator) rely on
 private accessors and on call signatures that no simulator test reaches. Each test here reads the
 installed package (classes, signatures, source) and fails when the assumption stops holding, so a
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 
-# ---- _dynamic_smem.loaded_handle: spec.kernel.compile(sig)._codelibrary.get_cufunc() -> .handle, .device.id ----
+# ---- dynamic_smem.loaded_handle: spec.kernel.compile(sig)._codelibrary.get_cufunc() -> .handle, .device.id ----
 
 def test_a_compiled_kernel_keeps_its_code_library_and_the_library_loads_one_function_per_device():
     from numba.cuda import codegen, dispatcher
@@ -60,7 +60,7 @@ def test_a_cuda_core_kernels_handle_is_a_cukernel():
 
 # ---- the driver calls: parameter order and the attribute ------------------------------------------------------
 
-DRIVER_CALLS = [  # (cuda.bindings.driver function, its parameters in order) as _dynamic_smem / the preflight call it
+DRIVER_CALLS = [  # (cuda.bindings.driver function, its parameters in order) as dynamic_smem / the preflight call it
     ("cuKernelSetAttribute", ["attrib", "val", "kernel", "dev"]),
     ("cuFuncSetAttribute", ["hfunc", "attrib", "value"]),
     ("cuKernelGetAttribute", ["attrib", "kernel", "dev"]),
@@ -115,7 +115,7 @@ def test_copies_and_events_accept_a_cuda_core_stream():
     assert "_stream_handle(stream)" in inspect.getsource(driver.Event.record)
 
 
-CUDA_CORE_API = [  # (object path, attributes) the CUDA path calls (_graph, _executor, gpu_check's preflight)
+CUDA_CORE_API = [  # (object path, attributes) the CUDA path calls (graph, executor, gpu_check's preflight)
     ("Device", ("set_current", "create_stream", "create_graph_builder", "sync")),
     ("Stream", ("sync", "__cuda_stream__", "handle")),
     ("graph.GraphBuilder", ("begin_building", "end_building", "complete", "stream", "__cuda_stream__")),
@@ -134,7 +134,7 @@ def test_the_cuda_core_api_the_graph_path_calls_exists(path, attributes):
 
 
 def test_numba_and_cuda_core_share_the_primary_context():
-    """``_graph.new_stream`` makes cuda.core's context current before numba allocates the arena; numba
+    """``graph.new_stream`` makes cuda.core's context current before numba allocates the arena; numba
     attaches to a current context only if it is the device's primary one, which is what cuda.core makes."""
     import cuda.core
     from numba.cuda.cudadrv import devices
@@ -149,12 +149,12 @@ def test_a_new_cuda_core_stream_is_non_blocking_by_default():
 
 
 def test_the_executor_uses_cuda_core_streams_and_builders_on_a_gpu():
-    from cuda_kernels import _compat, _graph
-    assert "_compat.core_stream()" in inspect.getsource(_graph.new_stream)
-    assert "_compat.core_graph_builder()" in inspect.getsource(_graph.new_graph_builder)
-    assert "device.create_stream()" in inspect.getsource(_compat.core_stream)
-    assert "device.create_graph_builder()" in inspect.getsource(_compat.core_graph_builder)
-    capture = inspect.getsource(_graph.capture_graph)
+    from cuda_kernels import compat, graph
+    assert "compat.core_stream()" in inspect.getsource(graph.new_stream)
+    assert "compat.core_graph_builder()" in inspect.getsource(graph.new_graph_builder)
+    assert "device.create_stream()" in inspect.getsource(compat.core_stream)
+    assert "device.create_graph_builder()" in inspect.getsource(compat.core_graph_builder)
+    capture = inspect.getsource(graph.capture_graph)
     assert "builder.begin_building()" in capture and "graph.complete()" in capture
 
 
@@ -210,7 +210,7 @@ def nccl_stand_in(monkeypatch):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_nccl_collectives_bootstrap_and_reduce_with_nccl4pys_own_signatures(nccl_stand_in, rank):
-    from cuda_kernels._collective import NcclCollectives
+    from cuda_kernels.collective import NcclCollectives
     sent = {}
 
     def broadcast(array, what):   # rank 0's bytes reach every rank (torch.distributed's broadcast, in place)

@@ -15,7 +15,7 @@ from numba import cuda
 from benchmarks.gpu import preflight as gpu_preflight
 from benchmarks.gpu.preflight import CHECKS, Check, preflight
 from benchmarks.gpu.protocol import Interrupted, RecordWriter, Unit, interrupt_on_sigterm
-from cuda_kernels import _dynamic_smem, _graph
+from cuda_kernels import dynamic_smem, graph
 
 ATTRIBUTE = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]   # the simulator's dropout hash
@@ -50,13 +50,13 @@ def gpu_stand_ins(monkeypatch):
         return made
     monkeypatch.setattr(gpu_preflight, "SIMULATOR", False)
     monkeypatch.setattr(gpu_preflight, "device_optin_shared", lambda: ((9, 0), 227 * 1024))   # an H100 / H200
-    monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
-    monkeypatch.setattr(_dynamic_smem, "loaded_handle", lambda spec: (driver.CUkernel(0x5a), 0))
+    monkeypatch.setattr(dynamic_smem, "_RAISED", {})
+    monkeypatch.setattr(dynamic_smem, "loaded_handle", lambda spec: (driver.CUkernel(0x5a), 0))
     monkeypatch.setattr(driver, "cuKernelSetAttribute", set_attribute)
     monkeypatch.setattr(driver, "cuKernelGetAttribute", get_attribute)
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "capture_graph", capture)
-    monkeypatch.setattr(_graph, "new_stream", stream)
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "capture_graph", capture)
+    monkeypatch.setattr(graph, "new_stream", stream)
     return calls, stored
 
 
@@ -87,7 +87,7 @@ FAILING = [  # (what is wrong, the stand-in changed, the check that must FAIL, w
      {"shared-limit"}),
     ("an attribute that does not stick", "get", "shared-limit", "MAX_DYNAMIC_SHARED_SIZE_BYTES reads 49152", set()),
     ("less opt-in shared memory than the table", "optin", "shared-limit",
-     "sm_90 opts in to 101376 shared bytes per block; _dynamic_smem.MAX_SHARED_PER_BLOCK says 232448", set()),
+     "sm_90 opts in to 101376 shared bytes per block; dynamic_smem.MAX_SHARED_PER_BLOCK says 232448", set()),
     ("a capture that fails", "capture", "graph", "RuntimeError: capture refused (stand-in)", set()),
     ("a graph that replays nothing", "empty graph", "graph", "graph replay differs from eager replay", set()),
 ]
@@ -98,11 +98,11 @@ def test_a_broken_assumption_fails_its_own_check_and_no_unrelated_one(tmp_path, 
                                                                       stand_in, check, words, also):
     def refuse(kernels):
         raise RuntimeError("capture refused (stand-in)")
-    changes = {"loaded_handle": (_dynamic_smem, "loaded_handle", lambda spec: (0x5a, 0)),
+    changes = {"loaded_handle": (dynamic_smem, "loaded_handle", lambda spec: (0x5a, 0)),
                "get": (driver, "cuKernelGetAttribute", lambda *a: (driver.CUresult.CUDA_SUCCESS, 48 * 1024)),
                "optin": (gpu_preflight, "device_optin_shared", lambda: ((9, 0), 99 * 1024)),
-               "capture": (_graph, "capture_graph", refuse),
-               "empty graph": (_graph, "capture_graph", lambda kernels: SimpleNamespace(launch=lambda s: None))}
+               "capture": (graph, "capture_graph", refuse),
+               "empty graph": (graph, "capture_graph", lambda kernels: SimpleNamespace(launch=lambda s: None))}
     monkeypatch.setattr(*changes[stand_in])
     selected = tuple(c for c in CHECKS if c.name in ("handle", "shared-limit", "graph"))
     out, failures = RecordWriter(str(tmp_path / "p.jsonl")), []

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore::cuda_kernels._graph.GraphCaptureWarning")]
+              pytest.mark.filterwarnings("ignore::cuda_kernels.graph.GraphCaptureWarning")]
 
 
 def tiny():
@@ -26,12 +26,12 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     from benchmarks.gpu.protocol import RecordWriter
     from benchmarks.gpu.budget import Budget, FrozenClock
     from benchmarks.gpu.step_common import StepModel
-    from cuda_kernels import _graph
+    from cuda_kernels import graph
 
     def refuse(kernels):
         raise RuntimeError("capture refused (test)")
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "capture_graph", refuse)
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "capture_graph", refuse)
     model = StepModel("tiny", tiny, 4, 4, "a stand-in for resnet18-cifar")
     for name in ("QUICK_CHECK", "QUICK_REPLAY", "QUICK_TIMING"):
         monkeypatch.setattr(quick, name, model)

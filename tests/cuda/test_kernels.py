@@ -23,9 +23,9 @@ import pytest
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
-from cuda_kernels import _batchnorm, _channel_mul, _conv, _drop_path, _elementwise, _linear, _loss, _optim, _pool, _prelu
-from cuda_kernels._collective import _ReducingCollectives
-from cuda_kernels._registry import all_kernels
+from cuda_kernels import batchnorm, channel_mul, _conv, drop_path, elementwise, _linear, loss, optim, pool, prelu
+from cuda_kernels.collective import ReducingCollectives
+from cuda_kernels.registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 from tests.support.kind_params import ACTIVATION_EXAMPLES
 
@@ -44,12 +44,12 @@ def case_activation(rng, prim, accumulate):
     row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # every parameter at a non-default value
     x = np.concatenate([half(rng, 58, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
     y = garbage(x.shape, np.float16)
-    run(lambda t: _elementwise.activation_forward(t, prim, dev(x), y, params))
+    run(lambda t: elementwise.activation_forward(t, prim, dev(x), y, params))
     check("y", y, row.reference_forward(f64(x), *params), "fp16")
     saved = y.copy_to_host() if row.saves == ("output",) else x
     dy, dx0 = half(rng, x.shape), half(rng, x.shape)
     dx = dev(dx0)
-    run(lambda t: _elementwise.activation_backward(t, prim, dev(saved), dev(dy), dx, params, accumulate))
+    run(lambda t: elementwise.activation_backward(t, prim, dev(saved), dev(dy), dx, params, accumulate))
     expected = row.reference_backward(f64(saved), f64(dy), *params) + (f64(dx0) if accumulate else 0)
     check("dx", dx, expected, "fp16")
 
@@ -59,9 +59,9 @@ def case_add_and_accumulate(rng):
     y, dst_over, dst_acc = garbage(70, np.float16), garbage(70, np.float16), dev(d0)
 
     def record(t):
-        _elementwise.add_forward(t, dev(a), dev(b), y)
-        _elementwise.accumulate_into(t, dst_over, dev(b), False)
-        _elementwise.accumulate_into(t, dst_acc, dev(b), True)
+        elementwise.add_forward(t, dev(a), dev(b), y)
+        elementwise.accumulate_into(t, dst_over, dev(b), False)
+        elementwise.accumulate_into(t, dst_acc, dev(b), True)
     run(record)
     check("add", y, f64(a) + f64(b), "fp16")
     check("overwrite", dst_over, b, "exact")
@@ -73,8 +73,8 @@ def case_channel_pad(rng):
     y, dx = garbage((2, 3, 2, 8), np.float16), dev(dx0)
 
     def record(t):
-        _elementwise.channel_pad_forward(t, dev(x), y)
-        _elementwise.channel_pad_backward(t, dev(dy), dx, True)
+        elementwise.channel_pad_forward(t, dev(x), y)
+        elementwise.channel_pad_backward(t, dev(dy), dx, True)
     run(record)
     check("y", y, ref.channel_pad_forward(x, 8), "exact")
     check("dx", dx, f64(dx0) + ref.channel_pad_backward(f64(dy), 3), "fp16")
@@ -82,9 +82,9 @@ def case_channel_pad(rng):
 
 # dropout draws a keep flag per element, drop_path one per sample: (input shape, mask shape, kernels, spec)
 RANDOM_MASKS = {
-    "dropout": ((3, 25), (3, 25), _elementwise.dropout_forward, _elementwise.dropout_backward, ref.dropout_forward,
+    "dropout": ((3, 25), (3, 25), elementwise.dropout_forward, elementwise.dropout_backward, ref.dropout_forward,
                 ref.dropout_backward),
-    "drop_path": ((6, 2, 2, 3), (6,), _drop_path.drop_path_forward, _drop_path.drop_path_backward,
+    "drop_path": ((6, 2, 2, 3), (6,), drop_path.drop_path_forward, drop_path.drop_path_backward,
                   ref.drop_path_forward, ref.drop_path_backward),
 }
 
@@ -114,8 +114,8 @@ def case_channel_mul(rng, accumulate):
         dev(ds0) if accumulate else garbage(s.shape, np.float16)
 
     def record(t):
-        _channel_mul.channel_mul_forward(t, dev(x), dev(s), y)
-        _channel_mul.channel_mul_backward(t, dev(x), dev(s), dev(dy), dx, ds, accumulate, accumulate)
+        channel_mul.channel_mul_forward(t, dev(x), dev(s), y)
+        channel_mul.channel_mul_backward(t, dev(x), dev(s), dev(dy), dx, ds, accumulate, accumulate)
     run(record)
     dx_ref, ds_ref = ref.channel_mul_backward(f64(x), f64(s), f64(dy))
     check("y", y, ref.channel_mul_forward(f64(x), f64(s)), "fp16")
@@ -131,8 +131,8 @@ def case_prelu(rng, slopes, accumulate):
     dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
 
     def record(t):
-        _prelu.prelu_forward(t, dev(x), dev(w), y)
-        _prelu.prelu_backward(t, dev(x), dev(w), dev(dy), dx, dw, accumulate)
+        prelu.prelu_forward(t, dev(x), dev(w), y)
+        prelu.prelu_backward(t, dev(x), dev(w), dev(dy), dx, dw, accumulate)
     run(record)
     dx_ref, dw_ref = ref.prelu_backward(f64(x), w.astype(np.float64), f64(dy))
     check("y", y, ref.prelu_forward(f64(x), w.astype(np.float64)), "fp16")
@@ -143,7 +143,7 @@ def case_prelu(rng, slopes, accumulate):
 def case_cast(rng):
     src = (rng.standard_normal(77) * 100).astype(np.float32)
     dst = garbage(77, np.float16)
-    run(lambda t: _elementwise.cast_f32_to_f16(t, dev(src), dst))
+    run(lambda t: elementwise.cast_f32_to_f16(t, dev(src), dst))
     check("fp16 copy", dst, src.astype(np.float16), "exact")
 
 
@@ -153,7 +153,7 @@ def case_fill_zero(rng):
 
     def record(t):
         for a in arrays:
-            _elementwise.fill_zero(t, a)
+            elementwise.fill_zero(t, a)
     run(record)
     for a in arrays:
         check(f"{a.dtype} zeroed", a, np.zeros(a.shape, a.dtype), "exact")
@@ -169,7 +169,7 @@ def case_batchnorm_train(rng, activation, with_residual):
     res = half(rng, (m, c))
     y, mean, invstd = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32)
     d_rm, d_rv = dev(rm), dev(rv)
-    run(lambda t: _batchnorm.batchnorm_forward_train(
+    run(lambda t: batchnorm.batchnorm_forward_train(
         t, dev(x), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv, momentum, eps,
         activation=activation, residual=dev(res) if with_residual else None))
     y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
@@ -188,7 +188,7 @@ def case_batchnorm_eval(rng):
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
     y = garbage((m, c), np.float16)
-    run(lambda t: _batchnorm.batchnorm_forward_eval(t, dev(x), dev(gamma), dev(beta), dev(rm), dev(rv), eps, y,
+    run(lambda t: batchnorm.batchnorm_forward_eval(t, dev(x), dev(gamma), dev(beta), dev(rm), dev(rv), eps, y,
                                                     activation="relu"))
     check("y", y, np.maximum(ref.batchnorm_forward_eval(f64(x), f64(gamma), f64(beta), f64(rm), f64(rv), eps), 0),
           "fp16")
@@ -201,7 +201,7 @@ def case_batchnorm_backward(rng, accumulate):
     mean = x.astype(np.float32).mean(0)
     invstd = (1 / np.sqrt(x.astype(np.float32).var(0) + 1e-5)).astype(np.float32)
     dx, dgamma, dbeta = dev(dx0), garbage(c, np.float32), garbage(c, np.float32)
-    run(lambda t: _batchnorm.batchnorm_backward(t, dev(x), dev(gamma), dev(mean), dev(invstd), dev(dy), dx,
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), dev(mean), dev(invstd), dev(dy), dx,
                                                 dgamma, dbeta, accumulate))
     dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), f64(mean), f64(invstd), f64(dy))
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
@@ -209,7 +209,7 @@ def case_batchnorm_backward(rng, accumulate):
     check("dbeta", dbeta, dbeta_ref, "fp32")
 
 
-class _OtherShard(_ReducingCollectives):
+class _OtherShard(ReducingCollectives):
     """Sync BN's all-reduces with one other replica, whose per-channel sums ``others`` are given in call order:
     each ``sum`` adds the next of them (what NCCL's sum over the two replicas gives)."""
     world_size, sync_batchnorm = 2, True
@@ -236,7 +236,7 @@ def case_batchnorm_synced(rng):
     y, mean, invstd, d_rm, d_rv = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32), \
         dev(rm), dev(rv)
     forward = _OtherShard([f64(x1).sum(0), (f64(x1) ** 2).sum(0)])
-    run(lambda t: _batchnorm.batchnorm_forward_train(t, dev(x0), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv,
+    run(lambda t: batchnorm.batchnorm_forward_train(t, dev(x0), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv,
                                                      momentum, eps, collectives=forward))
     check("y", y, y_ref[:m], "fp16")
     for label, got, expected in [("mean", mean, mean_ref), ("invstd", invstd, invstd_ref),
@@ -245,7 +245,7 @@ def case_batchnorm_synced(rng):
     xhat1 = (f64(x1) - mean_ref) * invstd_ref
     backward = _OtherShard([(f64(dy1) * xhat1).sum(0), f64(dy1).sum(0)])   # dgamma's sums, then dbeta's
     dx, dgamma, dbeta = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32)
-    run(lambda t: _batchnorm.batchnorm_backward(t, dev(x0), dev(gamma), dev(mean_ref.astype(np.float32)),
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x0), dev(gamma), dev(mean_ref.astype(np.float32)),
                                                 dev(invstd_ref.astype(np.float32)), dev(dy0), dx, dgamma, dbeta, False,
                                                 collectives=backward))
     dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(both), f64(gamma), mean_ref, invstd_ref, f64(dy_both))
@@ -264,8 +264,8 @@ def case_maxpool(rng, k, s, p):
     y, argmax, dx = garbage(y_ref.shape, np.float16), garbage(y_ref.shape, np.int32), dev(dx0)
 
     def record(t):
-        _pool.maxpool_forward(t, dev(x), y, argmax, k, s, p)
-        _pool.maxpool_backward(t, argmax, dev(dy), dx, k, s, p, True)
+        pool.maxpool_forward(t, dev(x), y, argmax, k, s, p)
+        pool.maxpool_backward(t, argmax, dev(dy), dx, k, s, p, True)
     run(record)
     check("y", y, y_ref, "exact")
     check("argmax", argmax, argmax_ref, "exact")
@@ -280,8 +280,8 @@ def case_avgpool(rng):
     y, dx = garbage(y_ref.shape, np.float16), garbage(x.shape, np.float16)
 
     def record(t):
-        _pool.avgpool_forward(t, dev(x), y, k, s, p)
-        _pool.avgpool_backward(t, dev(dy), dx, k, s, p, False)
+        pool.avgpool_forward(t, dev(x), y, k, s, p)
+        pool.avgpool_backward(t, dev(dy), dx, k, s, p, False)
     run(record)
     check("y", y, y_ref, "fp16")
     check("dx", dx, ref.avgpool_backward(f64(dy), x.shape, k, s, p), "fp16")
@@ -292,8 +292,8 @@ def case_gap(rng):
     y, dx = garbage((2, 5), np.float16), dev(dx0)
 
     def record(t):
-        _pool.gap_forward(t, dev(x), y)
-        _pool.gap_backward(t, dev(dy), dx, True)
+        pool.gap_forward(t, dev(x), y)
+        pool.gap_backward(t, dev(dy), dx, True)
     run(record)
     check("y", y, ref.gap_forward(f64(x)), "fp16")
     check("dx", dx, f64(dx0) + ref.gap_backward(f64(dy), x.shape), "fp16")
@@ -349,7 +349,7 @@ def case_conv_bn_relu_fused(rng):
 
     def record(t):
         _conv.conv2d_forward(t, dev(x), dev(w), conv_out, 1, 1, 1, bn_sums=(mean, invstd))
-        _batchnorm.batchnorm_forward_train(t, conv_out.reshape(n * h * w_, cout), dev(gamma), dev(beta),
+        batchnorm.batchnorm_forward_train(t, conv_out.reshape(n * h * w_, cout), dev(gamma), dev(beta),
                                            y.reshape(n * h * w_, cout), mean, invstd, d_rm, d_rv, 0.1, 1e-5,
                                            activation="relu", sums_ready=True)
     run(record)
@@ -384,12 +384,12 @@ def case_linear(rng, with_bias, accumulate):
 
 def case_softmax_cross_entropy(rng, classes, train):
     logits, labels = half(rng, (4, classes), 3.0), rng.integers(0, classes, 4).astype(np.int32)
-    loss = garbage(1, np.float32)
+    loss_out = garbage(1, np.float32)
     dlogits = garbage(logits.shape, np.float16) if train else None
     scale = dev(np.array([8.0], np.float32)) if train else None
-    run(lambda t: _loss.softmax_cross_entropy(t, dev(logits), dev(labels), 0.1, loss, dlogits, scale))
+    run(lambda t: loss.softmax_cross_entropy(t, dev(logits), dev(labels), 0.1, loss_out, dlogits, scale))
     loss_ref, dlogits_ref = ref.softmax_cross_entropy(f64(logits), labels, 0.1, 8.0)
-    check("loss", loss, [loss_ref], "fp32")
+    check("loss", loss_out, [loss_ref], "fp32")
     if train:
         check("dlogits", dlogits, dlogits_ref, "fp16")
 
@@ -401,7 +401,7 @@ def case_count_correct(rng):
     labels[:3] = np.argmax(logits[:3], axis=1)                 # some rows right for sure
     labels[4] = 3                                              # the second of the tied maxima: wrong
     correct = garbage(1, np.int32)
-    run(lambda t: _loss.count_correct(t, dev(logits), dev(labels), correct))
+    run(lambda t: loss.count_correct(t, dev(logits), dev(labels), correct))
     check("correct", correct, [int((np.argmax(logits, axis=1) == labels).sum())], "exact")
 
 
@@ -417,7 +417,7 @@ def case_sgd(rng, nesterov):
     for step in range(2):   # the first step initialises the momentum buffer
         g = rng.standard_normal(n).astype(np.float32)
         s = _scalars(scale, step, lr)
-        run(lambda t: _optim.sgd_step(t, d_p, dev(g * scale), d_buf, s["lr"], s["step"], s["loss_scale"],
+        run(lambda t: optim.sgd_step(t, d_p, dev(g * scale), d_buf, s["lr"], s["step"], s["loss_scale"],
                                       s["found_inf"], momentum, dampening, nesterov, wd))
         p, buf = ref.sgd_step(f64(p), f64(g), f64(buf), lr, momentum, dampening, nesterov, wd, step == 0)
         check(f"p after step {step}", d_p, p, "fp32")
@@ -431,7 +431,7 @@ def case_adam(rng, decoupled):
     for step in range(2):
         g = rng.standard_normal(n).astype(np.float32)
         s = _scalars(scale, step, lr)
-        run(lambda t: _optim.adam_step(t, d_p, dev(g * scale), d_m, d_v, s["lr"], s["step"], s["loss_scale"],
+        run(lambda t: optim.adam_step(t, d_p, dev(g * scale), d_m, d_v, s["lr"], s["step"], s["loss_scale"],
                                        s["found_inf"], b1, b2, eps, wd, decoupled))
         p, m, v = ref.adam_step(f64(p), f64(g), m, v, lr, b1, b2, eps, wd, step + 1, decoupled)
         for label, got, expected in [("p", d_p, p), ("m", d_m, m), ("v", d_v, v)]:
@@ -444,7 +444,7 @@ def case_check_overflow(rng):
         if bad is not None:
             g[41] = bad
         flag = dev(np.array([5], np.int32))
-        run(lambda t: _optim.check_overflow(t, dev(g), flag))
+        run(lambda t: optim.check_overflow(t, dev(g), flag))
         check(f"found_inf with {bad}", flag, [expected], "exact")
 
 
@@ -456,8 +456,8 @@ def case_update_loss_scale(rng):
         flag = dev(np.array([overflow], np.int32))
 
         def record(t):
-            _optim.update_loss_scale(t, flag, scale, tracker, growth_interval=3)
-            _optim.advance_counters(t, flag, step, iteration)
+            optim.update_loss_scale(t, flag, scale, tracker, growth_interval=3)
+            optim.advance_counters(t, flag, step, iteration)
         run(record)
         if overflow:
             expected_scale, expected_tracker = expected_scale / 2, 0

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from planner import reference as ref
-from cuda_kernels import _conv, _mma_conv, _mma_dgrad, _mma_kernels, _mma_ops, _mma_wgrad
-from cuda_kernels._mma_tiles import CHUNK, GPU_TILES, MmaTile
+from cuda_kernels import _conv, mma_conv, mma_dgrad, mma_kernels, mma_ops, mma_wgrad
+from cuda_kernels.mma_tiles import CHUNK, GPU_TILES, MmaTile
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
 
 LAUNCHED = []   # kernel names, in launch order
@@ -45,7 +45,7 @@ def _forward(rng, config, with_stats, tile=None, cases=FORWARD_CASES):
     y_ref = ref.conv2d_forward(f64(x), f64(w), s, p, 1)
     y = garbage(y_ref.shape, np.float16)
     sums = (garbage(cout, np.float32), garbage(cout, np.float32)) if with_stats else None
-    run(lambda t: _mma_conv.conv2d_forward(t, dev(x), dev(w), y, s, p, 1, bn_sums=sums, tile=tile))
+    run(lambda t: mma_conv.conv2d_forward(t, dev(x), dev(w), y, s, p, 1, bn_sums=sums, tile=tile))
     check("y", y, y_ref, "fp16")
     if with_stats:
         stored = f64(y.copy_to_host()).reshape(-1, cout)
@@ -64,8 +64,8 @@ def test_forward_on_a_gpu_tile():
 
 
 def test_the_forward_takes_any_channel_count_but_not_groups():
-    assert _mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
-    assert not _mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
+    assert mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
+    assert not mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
 
 
 # ---- weight gradient ------------------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def _wgrad(rng, config, tile=None, cases=WGRAD_CASES):
     y_shape = ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape
     dy = half(rng, y_shape)
     dw = garbage(w.shape, np.float32)
-    run(lambda t: _mma_wgrad.conv2d_backward_weight(t, dev(x), dev(w), dev(dy), dw, s, p, tile=tile))
+    run(lambda t: mma_wgrad.conv2d_backward_weight(t, dev(x), dev(w), dev(dy), dw, s, p, tile=tile))
     _, dw_ref = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
     check("dw", dw, dw_ref, "fp32")
 
@@ -126,7 +126,7 @@ def _dgrad(rng, config, tile=None, cases=DGRAD_CASES):
     dy = half(rng, ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape)
     dx0 = half(rng, x.shape)
     dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
-    run(lambda t: _mma_dgrad.conv2d_backward_data(t, dev(w), dev(dy), dx, s, p, accumulate, tile=tile))
+    run(lambda t: mma_dgrad.conv2d_backward_data(t, dev(w), dev(dy), dx, s, p, accumulate, tile=tile))
     dx_ref, _ = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
 
@@ -151,7 +151,7 @@ def test_dgrad_on_the_wide_tile(config):
     _dgrad(np.random.default_rng(12), config, tile=WIDE_TILE, cases=WIDE_DGRAD_CASES)
 
 
-# ---- fully connected (GapFc's fc too): the same engine through _mma_ops ---------------------------------------
+# ---- fully connected (GapFc's fc too): the same engine through mma_ops ---------------------------------------
 LINEAR_CASES = {  # (batch, in, out, bias, accumulate)
     "bias": (5, 16, 24, True, False),              # partial M (5 rows) and N (24 of 32)
     "no-bias-accumulate": (3, 40, 8, False, True),
@@ -166,7 +166,7 @@ def test_linear_matches_reference(request, config):
     b = rng.standard_normal(f_out).astype(np.float32) if with_bias else None
     y, dw, db = garbage((n, f_out), np.float16), garbage(w.shape, np.float32), garbage(f_out, np.float32)
     dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)
-    ops = _mma_ops.gemm_kernels("mma")
+    ops = mma_ops.gemm_kernels("mma")
 
     def record(t):
         ops.linear_forward(t, dev(x), dev(w), None if b is None else dev(b), y)
@@ -181,9 +181,9 @@ def test_linear_matches_reference(request, config):
 
 
 def test_gemm_kernels_names_its_choices():
-    assert _mma_ops.gemm_kernels("simt").conv2d_forward is _conv.conv2d_forward
+    assert mma_ops.gemm_kernels("simt").conv2d_forward is _conv.conv2d_forward
     with pytest.raises(ValueError, match="expected one of \\['mma', 'simt'\\], got 'wmma'"):
-        _mma_ops.gemm_kernels("wmma")
+        mma_ops.gemm_kernels("wmma")
 
 
 # ---- every GPU tile of the planner's table, every kernel family: one small case each ------------------------------
@@ -213,7 +213,7 @@ def _tile_cases(tile):
 COVERED_ABOVE = {f"mma_{family}_{tile.name}" for tile in (GPU_TILE_64, WIDE_TILE)
                  for family in ("conv2d_backward_weight", "conv2d_backward_data")} | {
     f"mma_conv2d_forward_bn_stats_{GPU_TILE_64.name}", f"mma_conv2d_backward_weight_any_channels_{WIDE_TILE.name}"}
-GPU_TILE_KERNELS = sorted((name, tile) for name in _mma_kernels.all_mma_kernels() for tile in GPU_TILES
+GPU_TILE_KERNELS = sorted((name, tile) for name in mma_kernels.all_mma_kernels() for tile in GPU_TILES
                           if name.endswith("_" + tile.name) and name not in COVERED_ABOVE)
 
 
@@ -221,7 +221,7 @@ def _linear_bias(rng, shape, tile):
     n, f_in, f_out = shape
     x, w, b = half(rng, (n, f_in)), half(rng, (f_out, f_in), 0.5), rng.standard_normal(f_out).astype(np.float32)
     y = garbage((n, f_out), np.float16)
-    run(lambda t: _mma_ops.linear_forward(t, dev(x), dev(w), dev(b), y, tile=tile))
+    run(lambda t: mma_ops.linear_forward(t, dev(x), dev(w), dev(b), y, tile=tile))
     check("y", y, ref.linear_forward(f64(x), f64(w), f64(b)), "fp16")
 
 
@@ -236,7 +236,7 @@ def test_every_gpu_tile_kernel_matches_reference(name, tile):
 def test_every_tensor_core_kernel_is_launched():
     """Runs last (file order): every kernel of MMA_KERNELS (every tile of the table, every family) must have been
     launched by a case above."""
-    every = set(_mma_kernels.all_mma_kernels())
+    every = set(mma_kernels.all_mma_kernels())
     if not LAUNCHED:
         pytest.skip("coverage is only known when the cases above ran")
     assert every <= set(LAUNCHED), f"never launched: {sorted(every - set(LAUNCHED))}"

@@ -1,4 +1,4 @@
-"""Tiles above 48 KB of shared memory (``_dynamic_smem``): the 128x128 input and weight gradients.
+"""Tiles above 48 KB of shared memory (``dynamic_smem``): the 128x128 input and weight gradients.
 
 Which kernels take dynamic shared memory; the launch path passing the byte count, and the limit raised
 once per kernel before its first launch and before a graph capture, by the tape (``compile_kernels``,
@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 from cuda.bindings import driver
 
-from cuda_kernels import _dynamic_smem, _mma_dgrad, _mma_wgrad
-from cuda_kernels._mma_static import MAX_SHARED_PER_BLOCK, shared_fits
-from cuda_kernels._mma_tiles import GPU_TILES, MMA_KERNELS, pipeline_bytes
-from cuda_kernels._registry import SIMULATOR, KernelSpec
-from cuda_kernels._tape import Immediate, Launch, LaunchTape
+from cuda_kernels import dynamic_smem, mma_dgrad, mma_wgrad
+from cuda_kernels.mma_static import MAX_SHARED_PER_BLOCK, shared_fits
+from cuda_kernels.mma_tiles import GPU_TILES, MMA_KERNELS, pipeline_bytes
+from cuda_kernels.registry import SIMULATOR, KernelSpec
+from cuda_kernels.tape import Immediate, Launch, LaunchTape
 
 WIDE = GPU_TILES[0]   # 128x128, 8 warps (its kernels against the spec: test_mma_conv.py)
 
@@ -29,28 +29,28 @@ def _stand_in_handle(spec):
 def stand_in_driver(monkeypatch):
     """``raise_shared_limit``'s handle and driver call replaced: ``[(handle, device, bytes, kernel name)]``."""
     calls = []
-    monkeypatch.setattr(_dynamic_smem, "_RAISED", {})
-    monkeypatch.setattr(_dynamic_smem, "loaded_handle", _stand_in_handle)
-    monkeypatch.setattr(_dynamic_smem, "set_max_dynamic_shared", lambda *call: calls.append(call))
+    monkeypatch.setattr(dynamic_smem, "_RAISED", {})
+    monkeypatch.setattr(dynamic_smem, "loaded_handle", _stand_in_handle)
+    monkeypatch.setattr(dynamic_smem, "set_max_dynamic_shared", lambda *call: calls.append(call))
     return calls
 
 
 def test_the_wide_backward_tiles_take_dynamic_shared_memory_and_the_forward_does_not():
-    dgrad, wgrad = _mma_dgrad.DGRAD[WIDE], _mma_wgrad.WGRAD[WIDE, False]
-    assert WIDE in _mma_dgrad.DGRAD_TILES and WIDE in _mma_wgrad.WGRAD_TILES
+    dgrad, wgrad = mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE, False]
+    assert WIDE in mma_dgrad.DGRAD_TILES and WIDE in mma_wgrad.WGRAD_TILES
     assert dgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, False, True) == 3 * (128 * 64 + 32 * 136 * 2) == 50688
     assert wgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, True, True) == 52224
     assert MMA_KERNELS[f"mma_conv2d_forward_{WIDE.name}"].dynamic_shared_bytes == 0   # exactly 48 KB: static
     dynamic = {name for name, spec in MMA_KERNELS.items() if spec.dynamic_shared_bytes}
-    assert dynamic == {dgrad.name, wgrad.name, _mma_wgrad.WGRAD[WIDE, True].name}
+    assert dynamic == {dgrad.name, wgrad.name, mma_wgrad.WGRAD[WIDE, True].name}
 
 
 def test_the_wide_kernels_raise_their_own_byte_count(stand_in_driver):
-    for spec in (_mma_dgrad.DGRAD[WIDE], _mma_wgrad.WGRAD[WIDE, False], _mma_wgrad.WGRAD[WIDE, True]):
-        assert _dynamic_smem.raise_shared_limit(spec) and not _dynamic_smem.raise_shared_limit(spec)
-    assert [call[2:] for call in stand_in_driver] == [(50688, _mma_dgrad.DGRAD[WIDE].name),
-                                                      (52224, _mma_wgrad.WGRAD[WIDE, False].name),
-                                                      (52224, _mma_wgrad.WGRAD[WIDE, True].name)]
+    for spec in (mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE, False], mma_wgrad.WGRAD[WIDE, True]):
+        assert dynamic_smem.raise_shared_limit(spec) and not dynamic_smem.raise_shared_limit(spec)
+    assert [call[2:] for call in stand_in_driver] == [(50688, mma_dgrad.DGRAD[WIDE].name),
+                                                      (52224, mma_wgrad.WGRAD[WIDE, False].name),
+                                                      (52224, mma_wgrad.WGRAD[WIDE, True].name)]
 
 
 # ---- the launch path, on a stand-in kernel (records its launch configuration) ------------------------------------
@@ -105,16 +105,16 @@ def test_a_kernel_recorded_after_the_first_replay_is_raised_before_its_own(stand
 
 
 def test_a_step_runner_raises_every_limit_before_the_first_step_and_before_the_capture(stand_in_driver, monkeypatch):
-    from cuda_kernels import _graph
+    from cuda_kernels import graph
 
     def capture(kernels):
         stand_in_driver.append(("capture", [entry.name for entry in kernels]))
         return SimpleNamespace(launch=lambda stream: stand_in_driver.append(("graph launch", stream)))
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "capture_graph", capture)
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "capture_graph", capture)
     tape = LaunchTape()
     tape.launch(_spec(60 * 1024, stand_in_driver), 1, 32)
-    runner = _graph.StepRunner(tape, "graph")
+    runner = graph.StepRunner(tape, "graph")
     assert stand_in_driver == [_raised()]   # StepRunner compiles (and raises) before any step
     stream = SimpleNamespace(sync=lambda: None)
     runner.run(stream)
@@ -141,8 +141,8 @@ def test_no_limit_is_raised_at_or_below_48_kb(stand_in_driver, nbytes):
 
 @pytest.mark.skipif(not SIMULATOR, reason="on a GPU a compiled kernel has a handle")
 def test_the_simulator_has_no_handle_and_raises_nothing():
-    assert _dynamic_smem.loaded_handle(_spec(60 * 1024, [])) is None
-    assert _dynamic_smem.raise_shared_limit(_spec(60 * 1024, [])) is False
+    assert dynamic_smem.loaded_handle(_spec(60 * 1024, [])) is None
+    assert dynamic_smem.raise_shared_limit(_spec(60 * 1024, [])) is False
 
 
 # ---- the driver call, on stand-in handles (cuda.bindings' functions replaced: no driver here) --------------------
@@ -159,7 +159,7 @@ def test_the_attribute_is_set_through_the_handles_own_driver_call(monkeypatch, h
     for name in ("cuKernelSetAttribute", "cuFuncSetAttribute"):
         monkeypatch.setattr(driver, name, lambda *args, name=name: calls.append((name, args))
                             or (driver.CUresult.CUDA_SUCCESS,))
-    _dynamic_smem.set_max_dynamic_shared(handle, 3, 52224, "k")
+    dynamic_smem.set_max_dynamic_shared(handle, 3, 52224, "k")
     assert calls == [(function, expected)]
 
 
@@ -167,9 +167,9 @@ def test_a_refused_attribute_and_an_unknown_handle_say_what_to_do(monkeypatch):
     monkeypatch.setattr(driver, "cuKernelSetAttribute", lambda *args: (driver.CUresult.CUDA_ERROR_INVALID_VALUE,))
     with pytest.raises(RuntimeError, match=r"k: cuKernelSetAttribute\(MAX_DYNAMIC_SHARED_SIZE_BYTES, 300000\) on "
                                            r"device 0 failed .*give the kernel a smaller tile"):
-        _dynamic_smem.set_max_dynamic_shared(driver.CUkernel(1), 0, 300000, "k")
+        dynamic_smem.set_max_dynamic_shared(driver.CUkernel(1), 0, 300000, "k")
     with pytest.raises(TypeError, match="k: expected a CUkernel or CUfunction handle from numba-cuda, got int"):
-        _dynamic_smem.set_max_dynamic_shared(1, 0, 52224, "k")
+        dynamic_smem.set_max_dynamic_shared(1, 0, 52224, "k")
 
 
 # ---- the static check of the PTX tier and gpu_check --static: static + dynamic bytes per architecture -----------

@@ -6,9 +6,9 @@ import pytest
 from numba import cuda
 
 from blueprint import BluePrint, block, BlockStyle, cbr, gap_fc, seq
-from cuda_kernels import CudaExecutor, _elementwise
+from cuda_kernels import CudaExecutor, elementwise
 from cuda_kernels._table import CUDA
-from cuda_kernels._tape import Immediate
+from cuda_kernels.tape import Immediate
 from planner import ArchPlan
 from planner.compiler import Compiler
 from planner.kernel_table import MissingKernelError
@@ -28,8 +28,8 @@ def test_every_kind_is_implemented_on_the_cuda_path(prim):
 
 
 def test_every_activation_has_its_two_kernels():
-    assert set(_elementwise.ACTIVATION_KERNELS) == set(ACTIVATIONS)
-    for prim, kernels in _elementwise.ACTIVATION_KERNELS.items():
+    assert set(elementwise.ACTIVATION_KERNELS) == set(ACTIVATIONS)
+    for prim, kernels in elementwise.ACTIVATION_KERNELS.items():
         assert (kernels.forward.name, kernels.backward.name) == (f"activation_forward.{prim.value}",
                                                                  f"activation_backward.{prim.value}")
 
@@ -49,7 +49,7 @@ def _fused_plan():
 
 
 @pytest.mark.parametrize("plan, prim, direction, home", [
-    (every_kind_plan, Prim.HARDSWISH, "forward", "cuda_kernels/_elementwise.py"),
+    (every_kind_plan, Prim.HARDSWISH, "forward", "cuda_kernels/elementwise.py"),
     (every_kind_plan, Prim.MAXPOOL, "backward", "cuda_kernels/_ops.py"),
     (_fused_plan, Prim.ADD, "backward", "cuda_kernels/_ops.py"),     # inside a fused BasicBlock
 ], ids=["activation", "maxpool", "fused-add"])
@@ -65,6 +65,6 @@ def test_a_missing_registration_fails_when_the_executor_is_built(monkeypatch, pl
 def test_an_activation_launch_refuses_what_is_not_a_registered_activation(kind):
     x = cuda.device_array(4, np.float16)
     with pytest.raises(ValueError, match="activation kernel: expected one of .*'relu'.*, got"):
-        _elementwise.activation_forward(Immediate(), kind, x, x)
+        elementwise.activation_forward(Immediate(), kind, x, x)
     with pytest.raises(ValueError, match="activation kernel: expected one of"):
-        _elementwise.activation_backward(Immediate(), kind, x, x, x)
+        elementwise.activation_backward(Immediate(), kind, x, x, x)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cuda_kernels._registry import H1, all_kernels, nbt
+from cuda_kernels.registry import H1, all_kernels, nbt
 
 CC = (9, 0)
 # An opcode with an f64 type (``add.f64``, ``fma.rn.f64``, ``cvt.f64.f32``, ``cvt.rn.f16.f64``, ...)
@@ -69,12 +69,12 @@ def test_a_new_activation_rows_kernels_compile_without_fp64(monkeypatch):
     """The toy ``square`` row of tests/support/toy_activation.py, added to the op table only, gets two kernels
     that compile for sm_90 with the activation signatures (tests/cuda/test_activation_from_table.py runs them)."""
 
-    from cuda_kernels import _elementwise, _registry
+    from cuda_kernels import elementwise, registry
     from planner.kernel_table import activation_kernels
     from tests.support.toy_activation import SQUARE_ROW
-    relu = _elementwise.ACTIVATION_KERNELS["relu"]
-    monkeypatch.setattr(_registry, "KERNELS", {})   # a scratch table: the module's stays as it is
-    toy = activation_kernels({SQUARE_ROW.prim: SQUARE_ROW}, _elementwise.pointwise)[SQUARE_ROW.prim]
+    relu = elementwise.ACTIVATION_KERNELS["relu"]
+    monkeypatch.setattr(registry, "KERNELS", {})   # a scratch table: the module's stays as it is
+    toy = activation_kernels({SQUARE_ROW.prim: SQUARE_ROW}, elementwise.pointwise)[SQUARE_ROW.prim]
     for spec, like in ((toy.forward, relu.forward), (toy.backward, relu.backward)):
         assert spec.signature == like.signature
         ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=CC)
@@ -84,7 +84,7 @@ def test_a_new_activation_rows_kernels_compile_without_fp64(monkeypatch):
 # ---- tensor-core intrinsics (cuda_kernels._mma) ------------------------------------------------------------
 from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4,  # noqa: E402
                                ldmatrix_x4_trans, mma_m16n8k16, shared_address)
-from cuda_kernels._mma_static import instruction_counts, ptxas_available, ptxas_info  # noqa: E402
+from cuda_kernels.mma_static import instruction_counts, ptxas_available, ptxas_info  # noqa: E402
 
 _WAIT_ALL = cp_async_wait(0)
 _NO_PTXAS = "ptxas (CUDA toolkit) is not on PATH: the PTX text is checked, its assembly is not"
@@ -120,15 +120,15 @@ def test_tensor_core_intrinsics_emit_their_ptx_and_assemble_without_spills(cc):
 
 
 # ---- tensor-core kernels: every row of MMA_KERNELS, sm_80 and sm_90 ------------------------------------------
-from cuda_kernels import _mma_kernels  # noqa: E402  (imports every tensor-core kernel module)
-from cuda_kernels._mma_static import shared_fits  # noqa: E402
-from cuda_kernels._mma_tiles import MMA_KERNELS, TILES  # noqa: E402
+from cuda_kernels import mma_kernels  # noqa: E402  (imports every tensor-core kernel module)
+from cuda_kernels.mma_static import shared_fits  # noqa: E402
+from cuda_kernels.mma_tiles import MMA_KERNELS, TILES  # noqa: E402
 
 REGISTERS_PER_SM = 65536
 
 
 @pytest.mark.parametrize("cc", [(8, 0), (9, 0)], ids=["sm80", "sm90"])
-@pytest.mark.parametrize("name", sorted(_mma_kernels.all_mma_kernels()))
+@pytest.mark.parametrize("name", sorted(mma_kernels.all_mma_kernels()))
 def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     spec = MMA_KERNELS[name]
     tile = next(t for t in TILES if name.endswith("_" + t.name))
@@ -161,7 +161,7 @@ def test_gpu_check_static_writes_one_record_per_kernel_and_architecture(monkeypa
     import json
     from benchmarks.gpu.static import static_main
     name, tile = "mma_conv2d_backward_data_128x128x32", TILES[0]
-    monkeypatch.setattr(_mma_kernels, "all_mma_kernels", lambda: {name: MMA_KERNELS[name]})
+    monkeypatch.setattr(mma_kernels, "all_mma_kernels", lambda: {name: MMA_KERNELS[name]})
     out = tmp_path / "static.jsonl"
     assert static_main(str(out)) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -218,8 +218,8 @@ class _StandInDispatcher:
 
 def test_a_cuda_compile_is_seen_by_fits_compile_watch_once_per_signature():
     from blueprint.task._console import CompileWatch
-    from cuda_kernels._registry import KernelSpec
-    from cuda_kernels._tape import LaunchTape
+    from cuda_kernels.registry import KernelSpec
+    from cuda_kernels.tape import LaunchTape
     spec = KernelSpec("stand_in", None, _StandInDispatcher(), (H1,), ("x",))
     tape = LaunchTape()
     tape._entries += [SimpleNamespace(kind="kernel", spec=spec), SimpleNamespace(kind="upload"),

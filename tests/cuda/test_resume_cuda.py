@@ -6,8 +6,8 @@ import pytest
 from blueprint import BluePrint, cbr, gap_fc, seq
 from blueprint.optim import SGD
 from blueprint.task import DeepLearningTask
-from blueprint.task._checkpoint import load_checkpoint
-from blueprint.task._position import interrupt_path
+from blueprint.task import load_checkpoint
+from blueprint.task import interrupt_path
 from blueprint.task.data import DataLoader, synthetic
 from planner.executor_api import StateError
 

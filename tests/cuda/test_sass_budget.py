@@ -1,18 +1,18 @@
 """Main-loop instruction budgets of the tensor-core kernels, read from their SASS (sm_90; no GPU, no simulator).
 
 Each GPU tile's k-tile loop (the backward branch whose body holds the HMMAs) may issue at most
-``_sass.budget`` instructions per HMMA: 3.0 for 128x128 and 128x64 tiles, 4.0 for smaller ones
+``sass.budget`` instructions per HMMA: 3.0 for 128x128 and 128x64 tiles, 4.0 for smaller ones
 (issue 23). Kernels not yet within budget are strict xfails carrying the number measured when this
 file was last updated: one that meets its budget turns the xfail into a failure, so the list shrinks.
 Runs WITHOUT NUMBA_ENABLE_CUDASIM (compile_ptx needs the real numba.cuda); needs ptxas and cuobjdump.
 """
 import pytest
 
-from cuda_kernels import _sass
-from cuda_kernels._registry import SIMULATOR
+from cuda_kernels import sass
+from cuda_kernels.registry import SIMULATOR
 
 pytestmark = [pytest.mark.skipif(SIMULATOR, reason="compile_ptx needs the real numba.cuda, not the simulator"),
-              pytest.mark.skipif(not _sass.tools_available(),
+              pytest.mark.skipif(not sass.tools_available(),
                                  reason="ptxas, cuobjdump and nvdisasm are not on PATH (pip install "
                                         "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")]
 
@@ -62,26 +62,26 @@ OVER_BUDGET = {
 def _budgeted_kernels():
     if SIMULATOR:
         return []
-    from cuda_kernels._mma_kernels import all_mma_kernels
+    from cuda_kernels.mma_kernels import all_mma_kernels
     params = []
     for name in sorted(all_mma_kernels()):
-        if _sass.budget(name) is None:
+        if sass.budget(name) is None:
             continue
         marks = ()
         if name in OVER_BUDGET:
             marks = pytest.mark.xfail(strict=True, reason=f"measured {OVER_BUDGET[name]} instructions per HMMA, "
-                                                          f"budget {_sass.budget(name)} (issue 23)")
+                                                          f"budget {sass.budget(name)} (issue 23)")
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 
 
 @pytest.mark.parametrize("name", _budgeted_kernels())
 def test_main_loop_within_its_instruction_budget(name):
-    k = _sass.kernel_sass(name)
+    k = sass.kernel_sass(name)
     assert k.loop.hmma > 0, f"{name}: no main loop with HMMAs found in its SASS"
-    assert k.loop.per_hmma <= _sass.budget(name), (
+    assert k.loop.per_hmma <= sass.budget(name), (
         f"{name}: main loop {k.loop.instructions} instructions / {k.loop.hmma} HMMA = {k.loop.per_hmma:.2f} "
-        f"per HMMA, budget {_sass.budget(name)} (benchmarks/sass_report.py --only {name} shows the mix)")
+        f"per HMMA, budget {sass.budget(name)} (`python -m benchmarks.sass_report --only {name}` shows the mix)")
 
 
 SASS = """
@@ -104,15 +104,15 @@ SASS = """
 def test_the_main_loop_is_the_backward_branch_around_the_hmmas():
     """A loop without HMMAs (0x20-0x30) is not the main loop, nor the one around it (0x10-0xb0); the one at
     0x40-0x90 is, every instruction counted."""
-    instructions = _sass.parse(SASS)
-    stats = _sass.loop_stats(_sass.main_loop(instructions))
+    instructions = sass.parse(SASS)
+    stats = sass.loop_stats(sass.main_loop(instructions))
     assert (stats.instructions, stats.hmma, stats.ldsm, stats.bar, stats.int64_ops) == (6, 1, 1, 1, 1)
-    assert _sass.global_accesses(instructions) == {("load", 2): 1, ("store", 16): 1}
+    assert sass.global_accesses(instructions) == {("load", 2): 1, ("store", 16): 1}
 
 
 def test_occupancy_follows_the_calculators_rules():
-    assert _sass.blocks_per_sm(128, 256, 49152) == 2      # 128 regs x 256 threads: half the register file
-    assert _sass.blocks_per_sm(64, 128, 49152) == 4       # shared memory: 228 KB / (48 KB + 1 KB reserved)
-    assert _sass.blocks_per_sm(32, 1024, 0) == 2          # 64 warps per SM
-    assert _sass.blocks_per_sm(32, 128, 46080) == 4       # 5 x 45 KB fit 228 KB, not with 1 KB reserved each
-    assert _sass.blocks_per_sm(65, 128, 0) == 7           # 65 registers allocate as 72 per thread
+    assert sass.blocks_per_sm(128, 256, 49152) == 2      # 128 regs x 256 threads: half the register file
+    assert sass.blocks_per_sm(64, 128, 49152) == 4       # shared memory: 228 KB / (48 KB + 1 KB reserved)
+    assert sass.blocks_per_sm(32, 1024, 0) == 2          # 64 warps per SM
+    assert sass.blocks_per_sm(32, 128, 46080) == 4       # 5 x 45 KB fit 228 KB, not with 1 KB reserved each
+    assert sass.blocks_per_sm(65, 128, 0) == 7           # 65 registers allocate as 72 per thread

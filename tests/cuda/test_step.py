@@ -6,9 +6,9 @@ from numba import cuda
 
 from planner import reference as ref
 from planner.ops import Prim
-from cuda_kernels import _batchnorm, _conv, _elementwise, _linear, _loss, _optim, _pool
-from cuda_kernels._arena import DeviceArena
-from cuda_kernels._tape import Immediate, LaunchTape
+from cuda_kernels import batchnorm, _conv, elementwise, _linear, loss, optim, pool
+from cuda_kernels.arena import DeviceArena
+from cuda_kernels.tape import Immediate, LaunchTape
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),   # simulator only
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
@@ -83,7 +83,7 @@ def make_arena(layout, rng):
         offset, shape, dtype = layout.slots[name]
         arena.upload(offset, np.asarray(value, dtype).reshape(shape), stream=0)   # the default stream, like the launches here
     views = {name: arena.view(*slot) for name, slot in layout.slots.items()}
-    _elementwise.cast_f32_to_f16(Immediate(), views["params"], views["params16"])
+    elementwise.cast_f32_to_f16(Immediate(), views["params"], views["params16"])
     cuda.synchronize()
     return arena, views
 
@@ -93,27 +93,27 @@ def record_step(launcher, v):
     flat = lambda name: v[name].reshape(32, 4)   # noqa: E731  (the (M, C) view of a (2, 4, 4, 4) tensor)
     _conv.conv2d_forward(launcher, v["x"], v["conv_w16"], v["conv_out"], 1, 1, 1,
                          bn_sums=(v["save_mean"], v["save_invstd"]))
-    _batchnorm.batchnorm_forward_train(launcher, flat("conv_out"), v["bn_gamma"], v["bn_beta"], flat("bn_out"),
+    batchnorm.batchnorm_forward_train(launcher, flat("conv_out"), v["bn_gamma"], v["bn_beta"], flat("bn_out"),
                                        v["save_mean"], v["save_invstd"], v["running_mean"], v["running_var"],
                                        0.1, 1e-5, activation="relu", sums_ready=True)
-    _elementwise.dropout_forward(launcher, v["bn_out"], v["drop_out"], v["mask"], P, SEED, v["iteration"])
-    _pool.gap_forward(launcher, v["drop_out"], v["pooled"])
+    elementwise.dropout_forward(launcher, v["bn_out"], v["drop_out"], v["mask"], P, SEED, v["iteration"])
+    pool.gap_forward(launcher, v["drop_out"], v["pooled"])
     _linear.linear_forward(launcher, v["pooled"], v["fc_w16"], v["fc_b"], v["logits"])
-    _loss.softmax_cross_entropy(launcher, v["logits"], v["labels"], 0.1, v["loss"], v["d_logits"], v["loss_scale"])
+    loss.softmax_cross_entropy(launcher, v["logits"], v["labels"], 0.1, v["loss"], v["d_logits"], v["loss_scale"])
     _linear.linear_backward(launcher, v["pooled"], v["fc_w16"], v["d_logits"], v["d_pooled"], v["d_fc_w"],
                             v["d_fc_b"], False)
-    _pool.gap_backward(launcher, v["d_pooled"], v["d_drop_out"], False)
-    _elementwise.dropout_backward(launcher, v["mask"], v["d_drop_out"], v["d_bn_out"], P, False)
-    _elementwise.activation_backward(launcher, Prim.RELU, v["bn_out"], v["d_bn_out"], v["d_bn_out"])
-    _batchnorm.batchnorm_backward(launcher, flat("conv_out"), v["bn_gamma"], v["save_mean"], v["save_invstd"],
+    pool.gap_backward(launcher, v["d_pooled"], v["d_drop_out"], False)
+    elementwise.dropout_backward(launcher, v["mask"], v["d_drop_out"], v["d_bn_out"], P, False)
+    elementwise.activation_backward(launcher, Prim.RELU, v["bn_out"], v["d_bn_out"], v["d_bn_out"])
+    batchnorm.batchnorm_backward(launcher, flat("conv_out"), v["bn_gamma"], v["save_mean"], v["save_invstd"],
                                   flat("d_bn_out"), flat("d_conv_out"), v["d_bn_gamma"], v["d_bn_beta"], False)
     _conv.conv2d_backward(launcher, v["x"], v["conv_w16"], v["d_conv_out"], None, v["d_conv_w"], 1, 1, 1, False)
-    _optim.check_overflow(launcher, v["grads"], v["found_inf"])
-    _optim.sgd_step(launcher, v["params"], v["grads"], v["momentum"], v["lr"], v["step"], v["loss_scale"],
+    optim.check_overflow(launcher, v["grads"], v["found_inf"])
+    optim.sgd_step(launcher, v["params"], v["grads"], v["momentum"], v["lr"], v["step"], v["loss_scale"],
                     v["found_inf"], 0.9, 0.0, False, 1e-4)
-    _optim.update_loss_scale(launcher, v["found_inf"], v["loss_scale"], v["growth_tracker"])
-    _optim.advance_counters(launcher, v["found_inf"], v["step"], v["iteration"])
-    _elementwise.cast_f32_to_f16(launcher, v["params"], v["params16"])
+    optim.update_loss_scale(launcher, v["found_inf"], v["loss_scale"], v["growth_tracker"])
+    optim.advance_counters(launcher, v["found_inf"], v["step"], v["iteration"])
+    elementwise.cast_f32_to_f16(launcher, v["params"], v["params16"])
 
 
 def snapshot(v):
@@ -188,16 +188,16 @@ def test_injected_inf_in_gradients_skips_step_and_halves_scale(optimizer):
         scale=np.array([scale], np.float32), found_inf=np.zeros(1, np.int32),
         tracker=np.array([7], np.int32)).items()}
     tape = LaunchTape()
-    _optim.check_overflow(tape, d["g"], d["found_inf"])
+    optim.check_overflow(tape, d["g"], d["found_inf"])
     if optimizer == "sgd":
-        _optim.sgd_step(tape, d["p"], d["g"], d["s1"], d["lr"], d["step"], d["scale"], d["found_inf"],
+        optim.sgd_step(tape, d["p"], d["g"], d["s1"], d["lr"], d["step"], d["scale"], d["found_inf"],
                         0.9, 0.0, True, 1e-4)
     else:
-        _optim.adam_step(tape, d["p"], d["g"], d["s1"], d["s2"], d["lr"], d["step"], d["scale"], d["found_inf"],
+        optim.adam_step(tape, d["p"], d["g"], d["s1"], d["s2"], d["lr"], d["step"], d["scale"], d["found_inf"],
                          0.9, 0.999, 1e-8, 1e-2, True)
-    _optim.update_loss_scale(tape, d["found_inf"], d["scale"], d["tracker"])
-    _optim.advance_counters(tape, d["found_inf"], d["step"], d["iteration"])
-    _elementwise.cast_f32_to_f16(tape, d["p"], d["p16"])
+    optim.update_loss_scale(tape, d["found_inf"], d["scale"], d["tracker"])
+    optim.advance_counters(tape, d["found_inf"], d["step"], d["iteration"])
+    elementwise.cast_f32_to_f16(tape, d["p"], d["p16"])
     host = lambda name: d[name].copy_to_host()   # noqa: E731
 
     tape.replay()

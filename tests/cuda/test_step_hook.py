@@ -7,7 +7,7 @@ import pytest
 from blueprint import BluePrint, cbr, gap_fc, seq
 from blueprint.optim import SGD
 from cuda_kernels import CudaExecutor
-from cuda_kernels._elementwise import fill_zero
+from cuda_kernels.elementwise import fill_zero
 from planner import ArchPlan
 from planner.compiler import Compiler
 

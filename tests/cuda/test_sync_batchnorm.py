@@ -1,6 +1,6 @@
 """Synchronised BatchNorm on the CUDA path (``sync_batchnorm=True``), checked in the simulator.
 
-NCCL needs GPUs, so two stand-ins take its place (``cuda_kernels._collective``):
+NCCL needs GPUs, so two stand-ins take its place (``cuda_kernels.collective``):
 - ``RecordingCollectives(world_size=W)``: W identical replicas (a sum multiplies by W). A W = 2 sync-BN
   step on batch B must equal one process's step on B twice over; it checks the tape's order too.
 - ``LockstepGroup`` (below): W executors, one Python thread each, of which only one runs at a time: a
@@ -28,8 +28,8 @@ import pytest
 from blueprint import BlockStyle, BluePrint, block, cbr, gap_fc, seq
 from blueprint.optim import SGD, CrossEntropyLoss
 from cuda_kernels import CudaExecutor
-from cuda_kernels._collective import CollectiveEntry, RecordingCollectives, _ReducingCollectives
-from cuda_kernels._tape import device_span
+from cuda_kernels.collective import CollectiveEntry, RecordingCollectives, ReducingCollectives
+from cuda_kernels.tape import device_span
 from planner import ArchPlan
 from planner.compiler import Compiler
 
@@ -128,10 +128,10 @@ def test_per_replica_bn_records_no_bn_all_reduce():
 def test_replicate_gives_a_cuda_executor_sync_bn_through_its_collectives(monkeypatch):
     """``replicate`` used to refuse it; now NCCL's collectives (here the stand-in) carry the flag into the tape."""
     from blueprint.distributed import Distributed, replicate
-    from cuda_kernels import _collective
+    from cuda_kernels import collective
     monkeypatch.setattr(Distributed, "start", lambda self: None)                       # no process group: one rank
     monkeypatch.setattr(Distributed, "broadcast", lambda self, array, what, source=0: array)
-    monkeypatch.setattr(_collective, "NcclCollectives", lambda dist: RecordingCollectives(
+    monkeypatch.setattr(collective, "NcclCollectives", lambda dist: RecordingCollectives(
         world_size=dist.world_size, sync_batchnorm=dist.sync_batchnorm))
     ex = replicate(_executor(SHARD), Distributed(0, WORLD, sync_batchnorm=True))
     assert not hasattr(ex, "batchnorm_sums")      # the CPU path's hook
@@ -203,7 +203,7 @@ class LockstepGroup:
         return results
 
 
-class _LockstepRank(_ReducingCollectives):
+class _LockstepRank(ReducingCollectives):
     def __init__(self, group, rank, sync_batchnorm):
         self.group, self.rank = group, rank
         self.world_size, self.sync_batchnorm = group.world_size, sync_batchnorm

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from cuda_kernels import _elementwise, _graph
-from cuda_kernels._arena import ALIGNMENT, DeviceArena
-from cuda_kernels._graph import (GraphCaptureWarning, GraphUnavailable, StepRunner, graph_support, new_stream,
+from cuda_kernels import elementwise, graph
+from cuda_kernels.arena import ALIGNMENT, DeviceArena
+from cuda_kernels.graph import (GraphCaptureWarning, GraphUnavailable, StepRunner, graph_support, new_stream,
                                  plan_replay, synchronize)
-from cuda_kernels._registry import SIMULATOR
-from cuda_kernels._tape import Immediate, Launch, LaunchTape
+from cuda_kernels.registry import SIMULATOR
+from cuda_kernels.tape import Immediate, Launch, LaunchTape
 from planner.ops import Prim
 
 
@@ -45,8 +45,8 @@ def test_tape_rejects_host_arrays_and_wrong_scalar_types():
     tape = LaunchTape()
     y = cuda.device_array(8, np.float16)
     with pytest.raises(TypeError, match="host numpy array"):
-        _elementwise.activation_forward(tape, Prim.RELU, np.zeros(8, np.float16), y)
-    spec = _elementwise.ACTIVATION_KERNELS[Prim.RELU].forward
+        elementwise.activation_forward(tape, Prim.RELU, np.zeros(8, np.float16), y)
+    spec = elementwise.ACTIVATION_KERNELS[Prim.RELU].forward
     with pytest.raises(TypeError, match="'a' expects float32, got float64"):
         tape.launch(spec, 1, 32, cuda.device_array(8, np.float16), y, 0.1, np.float32(0))
     with pytest.raises(TypeError, match="expects 4 arguments"):
@@ -58,8 +58,8 @@ def test_tape_replays_in_order():
     x = cuda.to_device(np.array([-1, 2, -3, 4], np.float16))
     y, z = cuda.device_array(4, np.float16), cuda.device_array(4, np.float16)
     tape = LaunchTape()
-    _elementwise.activation_forward(tape, Prim.RELU, x, y)
-    _elementwise.add_forward(tape, y, x, z)              # relu(x) + x
+    elementwise.activation_forward(tape, Prim.RELU, x, y)
+    elementwise.add_forward(tape, y, x, z)              # relu(x) + x
     assert tape.names() == ["activation_forward.relu", "add_forward"]
     assert [s.name for s in tape.kernel_specs()] == ["activation_forward.relu", "add_forward"]
     tape.replay()
@@ -93,7 +93,7 @@ def test_simulator_graph_mode_raises_or_falls_back_explicitly():
     assert graph_support() == (False, "the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) has no graph API")
     x = cuda.to_device(np.array([1, 2], np.float16))
     tape = LaunchTape()
-    _elementwise.accumulate_into(tape, x, x, True)
+    elementwise.accumulate_into(tape, x, x, True)
     with pytest.raises(GraphUnavailable, match="simulator"):
         StepRunner(tape, "graph")
     runner = StepRunner(tape, "graph", allow_eager_fallback=True)
@@ -144,13 +144,13 @@ def test_a_failing_capture_ends_it_warns_once_and_replays_eagerly(monkeypatch, f
             return None     # captured, not run
         return run(self, stream)
 
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "new_graph_builder", new_builder)
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "new_graph_builder", new_builder)
     monkeypatch.setattr(Launch, "run", run_or_refuse)
     x = cuda.to_device(np.array([1, 2], np.float16))
     tape = LaunchTape()
-    _elementwise.accumulate_into(tape, x, x, True)      # x += x
-    _elementwise.accumulate_into(tape, x, x, True)
+    elementwise.accumulate_into(tape, x, x, True)      # x += x
+    elementwise.accumulate_into(tape, x, x, True)
     runner, stream = StepRunner(tape, "graph"), new_stream()
     assert runner.mode == "graph"
     with pytest.warns(GraphCaptureWarning, match="refused") as caught:
@@ -169,17 +169,17 @@ def test_a_failing_capture_ends_it_warns_once_and_replays_eagerly(monkeypatch, f
 
 def test_graph_replay_issues_the_transfers_around_the_graph_launch(monkeypatch):
     """Graph mode captures the kernels only; uploads before and downloads after run on the stream."""
-    from cuda_kernels._transfer import Staging, record_transfers
+    from cuda_kernels.transfer import Staging, record_transfers
     x, y = cuda.device_array(2, np.float16), cuda.device_array(2, np.float16)
     staging = Staging({"x": x}, {"y": y})
     tape = LaunchTape()
-    record_transfers(tape, staging, lambda t: _elementwise.activation_forward(t, Prim.RELU, x, y))
+    record_transfers(tape, staging, lambda t: elementwise.activation_forward(t, Prim.RELU, x, y))
     before, kernels, after = tape.segments()
     assert [e.kind for e in before] == ["upload", "event"] and [e.kind for e in kernels] == ["kernel"]
     assert [(e.kind, e.name) for e in after] == [("download", "y"), ("event", "done")]
     launched = []
-    monkeypatch.setattr(_graph, "graph_support", lambda: (True, ""))
-    monkeypatch.setattr(_graph, "capture_graph", lambda body: SimpleNamespace(
+    monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
+    monkeypatch.setattr(graph, "capture_graph", lambda body: SimpleNamespace(
         launch=lambda stream: [entry.run(stream) for entry in body] and launched.append(len(body))))
     runner, stream = StepRunner(tape, "graph"), new_stream()
     staging.trace = []

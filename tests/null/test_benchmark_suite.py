@@ -38,11 +38,11 @@ def test_the_planner_benchmarks_are_asv_benchmarks():
 
 
 def test_compile_vs_torch_prints_both_sides():
-    """`benchmarks/compile_vs_torch.py` on the small MLP (torch.compile of its step takes ~15 s here):
+    """`python -m benchmarks.compile_vs_torch` on the small MLP (torch.compile of its step takes ~15 s here):
     it checks that both sides build the same network and prints our plan time against torch.compile's."""
     pytest.importorskip("torch", reason="PyTorch not installed: the comparison needs it (pip install torch==2.13.0)")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "compile_vs_torch.py"), "--model", "mlp", "--batch", "8",
-                           "--repeats", "3"], capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.compile_vs_torch", "--model", "mlp", "--batch", "8",
+                           "--repeats", "3"], cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| what") and rows[1].startswith("| ours: plan") and " ms |" in rows[1], done.stdout

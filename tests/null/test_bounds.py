@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from blueprint import cbr, named, relu, repeat, seq
-from blueprint._cli import main
-from blueprint._errors import ConfigError
+from blueprint.cli import main
+from blueprint import ConfigError
 from blueprint._parse import MAX_STRING_CHARS, MAX_TEXT_CHARS, parse_value
-from blueprint.task._checkpoint import save_checkpoint
+from blueprint.task import save_checkpoint
 from planner import ExpandError
 from planner._bounds import MAX_EXPANDED_LAYERS, MAX_NESTING_DEPTH, measure
 from planner._build import source

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from blueprint.task import _checkpoint
-from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TENSORS = {

@@ -12,7 +12,7 @@ import pytest
 
 import planner
 from blueprint import __version__, zoo
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint._model_source import CliError
 from planner import _build
 
@@ -236,7 +236,7 @@ def test_python_dash_m_blueprint_help():
 
 WITHOUT_NUMBA_CUDA = ("import sys\n"
                       "sys.modules['numba_cuda'] = None   # as where numba alone (its own numba.cuda) is installed\n"
-                      "from blueprint._cli import main\n"
+                      "from blueprint.cli import main\n"
                       "sys.exit(main(sys.argv[1:]))\n")
 
 
@@ -259,7 +259,7 @@ def test_device_cuda_without_numba_cuda_names_the_extra(tmp_path):
      "does not divide over the 8 workers (--nproc-per-node 4 x --nnodes 2); pass a multiple of 8, e.g. --batch-size 8"),
 ])
 def test_a_global_batch_that_does_not_divide_over_the_workers_is_refused_before_launching(argv, message):
-    from blueprint._cli import build_parser
+    from blueprint.cli import build_parser
     from blueprint._launch import launcher_arguments
     args = build_parser().parse_args(["train", *argv])
     with pytest.raises(CliError) as caught:

@@ -9,8 +9,8 @@ pytest.importorskip("numba", reason="the cases launch cuda_kernels' tensor-core 
 
 from benchmarks.gpu.kernel_cases import DryLauncher  # noqa: E402
 from benchmarks.gpu.tile_cases import CASES, DIRECTION_TILES, K_TILES, excluded_tiles  # noqa: E402
-from cuda_kernels import _mma_conv, _mma_dgrad, _mma_wgrad  # noqa: E402
-from cuda_kernels._mma_tiles import GPU_TILES  # noqa: E402
+from cuda_kernels import mma_conv, mma_dgrad, mma_wgrad  # noqa: E402
+from cuda_kernels.mma_tiles import GPU_TILES  # noqa: E402
 
 
 class GridLauncher(DryLauncher):
@@ -24,9 +24,9 @@ def launched(case):
     x, w = np.empty((n, h, w_, c_in), np.float16), np.empty((c_out, k, k, c_in), np.float16)
     dy = np.empty((n, h, w_, c_out), np.float16)
     launcher = GridLauncher()
-    {"forward": lambda: _mma_conv.conv2d_forward(launcher, x, w, dy, s, p, 1, tile=case.tile),
-     "dgrad": lambda: _mma_dgrad.conv2d_backward_data(launcher, w, dy, x, s, p, False, tile=case.tile),
-     "wgrad": lambda: _mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, np.empty(w.shape, np.float32), s, p,
+    {"forward": lambda: mma_conv.conv2d_forward(launcher, x, w, dy, s, p, 1, tile=case.tile),
+     "dgrad": lambda: mma_dgrad.conv2d_backward_data(launcher, w, dy, x, s, p, False, tile=case.tile),
+     "wgrad": lambda: mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, np.empty(w.shape, np.float32), s, p,
                                                         tile=case.tile)}[case.direction]()
     return [(name, tuple(grid)) for name, grid in launcher.grids if name.startswith("mma_")]
 

@@ -5,7 +5,7 @@ sample argument here fails `test_every_setter_has_a_sample`."""
 import pytest
 
 from blueprint import zoo
-from blueprint._errors import ConfigError
+from blueprint import ConfigError
 from blueprint.optim import (SCHEDULES, SGD, Adam, AdamW, CosineAnnealingLR, CrossEntropyLoss, MultiStepLR, StepLR,
                              setter_names)
 from blueprint.task import DeepLearningTask

@@ -45,9 +45,9 @@ def test_the_printed_table_labels_its_figures_predictions(capsys):
 
 
 # ---- the tile table (GPU tiles: this tier runs without the simulator) ----------------------------------------
-from cuda_kernels._mma_dgrad import DGRAD_TILES  # noqa: E402
-from cuda_kernels._mma_tiles import MmaTile, choose_tile  # noqa: E402
-from cuda_kernels._mma_wgrad import WGRAD_TILES  # noqa: E402
+from cuda_kernels.mma_dgrad import DGRAD_TILES  # noqa: E402
+from cuda_kernels.mma_tiles import MmaTile, choose_tile  # noqa: E402
+from cuda_kernels.mma_wgrad import WGRAD_TILES  # noqa: E402
 
 TILE_CHOICES = [  # (m, n, tiles, min_blocks, expected): no tile mostly padding, the GPU filled
     (256 * 56 * 56, 256, None, 132, "128x128x32"),    # ResNet-50 layer1 1x1 expand
@@ -79,7 +79,7 @@ from types import SimpleNamespace  # noqa: E402
 
 from benchmarks.gpu.kernels import compare_families  # noqa: E402
 from benchmarks.gpu.layers import per_layer  # noqa: E402
-from cuda_kernels._gemm import GEOMETRY_FIELDS  # noqa: E402
+from cuda_kernels.gemm import GEOMETRY_FIELDS  # noqa: E402
 
 
 def _launch(name, batch, hw, c_in, c_out, k, s, p, groups=1):

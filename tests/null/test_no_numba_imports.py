@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = ["blueprint", "blueprint._cli", "blueprint._summary", "blueprint._parse", "blueprint.task",
+MODULES = ["blueprint", "blueprint.cli", "blueprint._summary", "blueprint._parse", "blueprint.task",
            "blueprint.task._checkpoint", "blueprint.task.data", "planner", "planner.compiler", "planner.verify",
            "planner.scalar_activations"]
 SCRIPT = ("import importlib, json, sys\n"

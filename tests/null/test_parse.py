@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import blueprint.optim as optim
 from blueprint import BlockStyle, BluePrint, Kind, Layer, conv, relu, seq, zoo
-from blueprint._parse import CONFIG_CLASSES, FACTORIES, ConfigError, parse_as, parse_value
+from blueprint import ConfigError
+from blueprint._parse import CONFIG_CLASSES, FACTORIES, parse_as, parse_value
 
 from tests.null.test_dsl import DSL_NAMESPACE, RECIPES, build   # the DSL's tree strategy
 from tests.null.test_optim_config import ALL_VALUES                # the config table

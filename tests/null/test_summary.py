@@ -6,7 +6,7 @@ import pytest
 
 import blueprint
 from blueprint import zoo
-from blueprint._cli import main
+from blueprint.cli import main
 from blueprint._summary import compile_plan, layer_rows, non_trainable_params, summary_rows
 
 # torchvision's parameter counts (sum of p.numel() over model.parameters()) and, for resnet18, its

@@ -5,8 +5,8 @@ comparison with the float64 spec at an output's tolerance (``TOLERANCES``, expla
 import numpy as np
 from numba import cuda
 
-from cuda_kernels._registry import SIMULATOR
-from cuda_kernels._tape import LaunchTape
+from cuda_kernels.registry import SIMULATOR
+from cuda_kernels.tape import LaunchTape
 
 if SIMULATOR:
     from tests.support.determinism import FirstLaunchChecker

@@ -5,7 +5,7 @@ scale), and its backward ``dx = dy * s``, ``ds[n, c] = sum_{h, w} dy * x`` (fp32
 import numpy as np
 from numba import cuda
 
-from ._registry import H1, I32, ZERO, flat, grid_1d, kernel, nbt
+from .registry import H1, I32, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 

@@ -14,13 +14,13 @@ import math
 from numba import cuda
 
 from . import _conv
-from ._gemm import CONV_GEOMETRY
+from .gemm import CONV_GEOMETRY
 from ._mma import cp_async_16_at, shared_window
-from ._mma_conv import step_tap, tap_of
-from ._dynamic_smem import SMALLEST_MAX_SHARED
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
+from .mma_conv import step_tap, tap_of
+from .dynamic_smem import SMALLEST_MAX_SHARED
+from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
                          pipeline_bytes, shared_array_words, stage_layout)
-from ._registry import H1, flat, nbt
+from .registry import H1, flat, nbt
 
 f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)

@@ -180,7 +180,7 @@ class KernelSass:
 def budget(name):
     """Instructions per HMMA a GPU tile's main loop may take: 3.0 for the 128x128 and 128x64 tiles, 4.0 for the
     smaller ones (``None``: the simulator's tile, never run on a GPU)."""
-    from ._mma_tiles import GPU_TILES
+    from .mma_tiles import GPU_TILES
     tile = next((t for t in GPU_TILES if name.endswith("_" + t.name)), None)
     if tile is None:
         return None
@@ -213,9 +213,9 @@ def spec_sass(spec, threads, cc=(9, 0)):
 
 @functools.lru_cache(maxsize=None)
 def kernel_sass(name, cc=(9, 0)):
-    """``KernelSass`` of tensor-core kernel ``name`` (``_mma_tiles.MMA_KERNELS``); needs the real ``numba.cuda``
+    """``KernelSass`` of tensor-core kernel ``name`` (``mma_tiles.MMA_KERNELS``); needs the real ``numba.cuda``
     (not the simulator), ptxas and cuobjdump."""
-    from ._mma_kernels import all_mma_kernels
-    from ._mma_tiles import TILES
+    from .mma_kernels import all_mma_kernels
+    from .mma_tiles import TILES
     tile = next(t for t in TILES if name.endswith("_" + t.name))
     return spec_sass(all_mma_kernels()[name], tile.threads, cc)

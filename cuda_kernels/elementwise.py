@@ -16,7 +16,7 @@ from numba import cuda
 from planner.kernel_table import activation_kernels, activation_kernels_of
 from planner.ops import ACTIVATION_SLOTS, OPS, OpRow
 
-from ._registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
+from .registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
 

@@ -80,7 +80,7 @@ def disk_cache(environ=os.environ):
 
 def features():
     """``{name: Feature}`` of this install. The simulator runs every kernel as Python: its own shared arrays
-    (dynamic ones sized by the launch, no alignment) need neither probe, and it has no graphs (``_graph``)."""
+    (dynamic ones sized by the launch, no alignment) need neither probe, and it has no graphs (``graph``)."""
     if SIMULATOR:
         simulated = [Feature(f.name, True, "", f.fallback) for f in (dynamic_shared(_no_import), shared_alignment(
             _no_import))]

@@ -6,7 +6,7 @@ weights: one per channel, the last axis, or one shared). Backward: ``dx = dy`` o
 import numpy as np
 from numba import cuda
 
-from ._registry import F1, H1, I32, ZERO, flat, grid_1d, kernel, nbt
+from .registry import F1, H1, I32, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 

@@ -3,13 +3,13 @@
 One ``DeviceArena`` sized by the MemoryPlan holds everything; every tensor is a view made
 once per variant. Each (variant, purpose) step is recorded once as a launch tape
 (``cuda_kernels._ops``) whose arguments are arena views only, then replayed: eagerly, or
-captured as one CUDA graph and replayed with one graph launch per step (``_graph.StepRunner``).
+captured as one CUDA graph and replayed with one graph launch per step (``graph.StepRunner``).
 Per-step values live in the arena: the batch, the labels and the learning rate are copied
 into their fixed slots before the replay; the step counters, the dynamic loss scale
 (PyTorch ``GradScaler`` semantics: start 2**16, halve and skip the step on inf/nan, double
 after 2,000 clean steps) and the overflow flag are computed on the device.
 
-Every transfer is ordered on the executor's one stream (``cuda_kernels._transfer``): a recorded
+Every transfer is ordered on the executor's one stream (``cuda_kernels.transfer``): a recorded
 step is uploads (pinned, double-buffered staging) -> kernels -> downloads -> an event, and the
 host waits on that event to read the loss and the number of correct predictions.
 ``submit_train_step`` returns at once (a ``PendingStep``); ``train_steps`` submits step k+1
@@ -25,17 +25,17 @@ from planner.executor_api import ExecutorBase, InputError, step_result
 from planner.init import initial_parameters
 from planner.plan import Role
 
-from ._arena import DeviceArena
-from ._collective import SINGLE_REPLICA
-from ._elementwise import cast_f32_to_f16
-from ._graph import StepRunner, graph_support, new_stream, synchronize
-from ._mma_ops import DEFAULT_KERNELS, gemm_kernels
+from .arena import DeviceArena
+from .collective import SINGLE_REPLICA
+from .elementwise import cast_f32_to_f16
+from .graph import StepRunner, graph_support, new_stream, synchronize
+from .mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._ops import StepContext, record_op
-from ._optim import INIT_LOSS_SCALE
-from ._registry import SIMULATOR
+from .optim import INIT_LOSS_SCALE
+from .registry import SIMULATOR
 from ._table import CUDA
-from ._tape import Immediate, LaunchTape
-from ._transfer import Staging, record_transfers
+from .tape import Immediate, LaunchTape
+from .transfer import Staging, record_transfers
 
 REPLAY_MODES = ("auto", "graph", "eager")
 # What each recorded step uploads before and downloads after its kernels (names of plan.io slots).

@@ -8,7 +8,7 @@ no atomics and accumulate into ``dx`` directly. Window geometry is the tuple
 import numpy as np
 from numba import cuda
 
-from ._registry import H1, I1, I32, ONE, ZERO, flat, geometry, grid_1d, int32_tuple, kernel, nbt
+from .registry import H1, I1, I32, ONE, ZERO, flat, geometry, grid_1d, int32_tuple, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 _NEG_INF = np.float32(-np.inf)

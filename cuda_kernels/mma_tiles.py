@@ -15,7 +15,7 @@ Shared memory, one float32 array reused by the epilogue; per stage an A then a B
 
 A pipeline of at most 48 KB is a static shared array; a larger one (128x128 with a padded
 ``.trans`` operand: 49.5 KB for the input gradient, 51 KB for the weight gradient) is dynamic
-shared memory, its kernel registered with ``dynamic_shared_bytes`` (``_dynamic_smem``).
+shared memory, its kernel registered with ``dynamic_shared_bytes`` (``dynamic_smem``).
 """
 import inspect
 import math
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from numba import cuda
 
-from ._dynamic_smem import STATIC_SHARED_LIMIT
+from .dynamic_smem import STATIC_SHARED_LIMIT
 from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4_at, ldmatrix_x4_trans_at, mma_m16n8k16, shared_window
-from ._registry import SIMULATOR, ZERO, KernelSpec, jit_kernel, nbt
+from .registry import SIMULATOR, ZERO, KernelSpec, jit_kernel, nbt
 
 BK = 32
 STAGES = 3
@@ -250,13 +250,13 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
     return main_loop
 
 
-# The tensor-core kernels' own table (``_registry.KERNELS`` holds the SIMT reference set, whose
+# The tensor-core kernels' own table (``registry.KERNELS`` holds the SIMT reference set, whose
 # simulator tests require every row launched; most tiles here only run on a GPU).
 MMA_KERNELS = {}
 
 
 def mma_kernel(name, signature, shared_bytes=0):
-    """Like ``_registry.kernel``, into ``MMA_KERNELS``; ``shared_bytes``: its pipeline's, launched as dynamic
+    """Like ``registry.kernel``, into ``MMA_KERNELS``; ``shared_bytes``: its pipeline's, launched as dynamic
     shared memory above 48 KB (the kernel declares ``shared_array_words(shared_bytes)``)."""
     def declare(pyfunc):
         if name in MMA_KERNELS:

@@ -9,15 +9,15 @@ the reference. Where they apply (groups 1 throughout; depthwise and grouped conv
   input), so only a convolution outside them can leave its backward to SIMT;
 - a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
   8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
-A tile ``_tile_exclusions`` excludes (it failed on this device, or this install cannot run it) runs SIMT.
+A tile ``tile_exclusions`` excludes (it failed on this device, or this install cannot run it) runs SIMT.
 """
 import math
 from types import MappingProxyType, SimpleNamespace
 
-from . import _conv, _linear, _mma_conv, _mma_dgrad, _mma_wgrad
-from ._mma_tiles import CHUNK, choose_tile
-from ._registry import flat
-from ._tile_exclusions import excluded
+from . import _conv, _linear, mma_conv, mma_dgrad, mma_wgrad
+from .mma_tiles import CHUNK, choose_tile
+from .registry import flat
+from .tile_exclusions import excluded
 
 DEFAULT_KERNELS = "mma"
 
@@ -27,39 +27,39 @@ def _gemm_ready(c_in, c_out, groups):
 
 
 def forward_excluded(w_shape, y_size, epilogue="plain"):
-    tile = _mma_conv.forward_tile(w_shape, y_size)
-    kernels = _mma_conv.FORWARD if w_shape[3] % CHUNK == 0 else _mma_conv.FORWARD_ANY_CHANNELS
+    tile = mma_conv.forward_tile(w_shape, y_size)
+    kernels = mma_conv.FORWARD if w_shape[3] % CHUNK == 0 else mma_conv.FORWARD_ANY_CHANNELS
     return excluded("forward", tile, kernels[tile, epilogue].dynamic_shared_bytes)
 
 
 def backward_excluded(x_shape, w_shape, stride, with_dx):
     """The weight gradient's tile, or the input gradient's (when ``with_dx``), is excluded."""
-    wgrad = _mma_wgrad.wgrad_tile(w_shape)
-    if excluded("wgrad", wgrad, _mma_wgrad.WGRAD[wgrad, w_shape[3] % CHUNK != 0].dynamic_shared_bytes):
+    wgrad = mma_wgrad.wgrad_tile(w_shape)
+    if excluded("wgrad", wgrad, mma_wgrad.WGRAD[wgrad, w_shape[3] % CHUNK != 0].dynamic_shared_bytes):
         return True
-    dgrad = _mma_dgrad.dgrad_tile(w_shape, x_shape, stride) if with_dx else None
-    return with_dx and excluded("dgrad", dgrad, _mma_dgrad.DGRAD[dgrad].dynamic_shared_bytes)
+    dgrad = mma_dgrad.dgrad_tile(w_shape, x_shape, stride) if with_dx else None
+    return with_dx and excluded("dgrad", dgrad, mma_dgrad.DGRAD[dgrad].dynamic_shared_bytes)
 
 
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
-    if _mma_conv.mma_supported(tuple(x.shape), tuple(w.shape), groups) and forward_excluded(tuple(w.shape), y.size):
+    if mma_conv.mma_supported(tuple(x.shape), tuple(w.shape), groups) and forward_excluded(tuple(w.shape), y.size):
         _conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)
         return
-    _mma_conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)   # falls back to SIMT itself
+    mma_conv.conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums)   # falls back to SIMT itself
 
 
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
     """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
     c_out, _, _, c_in = w.shape
     # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
-    if not (_mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
+    if not (mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
             and (dx is None or _gemm_ready(c_in, c_out, groups))
             and not backward_excluded(tuple(x.shape), tuple(w.shape), stride, dx is not None)):
         _conv.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
         return
-    _mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad)
+    mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad)
     if dx is not None:
-        _mma_dgrad.conv2d_backward_data(launcher, w, dy, dx, stride, pad, accumulate)
+        mma_dgrad.conv2d_backward_data(launcher, w, dy, dx, stride, pad, accumulate)
 
 
 def _as_images(a2d):
@@ -67,7 +67,7 @@ def _as_images(a2d):
 
 
 def linear_forward(launcher, x2d, w, b, y, tile=None):
-    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None. ``tile``: as ``_mma_conv.conv2d_forward``'s."""
+    """``y = x2d @ w.T (+ b)``; ``b`` is an fp32 vector or None. ``tile``: as ``mma_conv.conv2d_forward``'s."""
     n, f_in = x2d.shape
     f_out = w.shape[0]
     if not _gemm_ready(f_in, f_out, 1) or (tile is None and forward_excluded(
@@ -76,12 +76,12 @@ def linear_forward(launcher, x2d, w, b, y, tile=None):
         return
     w4 = w.reshape(f_out, 1, 1, f_in)
     if b is None:
-        _mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1, tile=tile)
+        mma_conv.conv2d_forward(launcher, _as_images(x2d), w4, _as_images(y), 1, 0, 1, tile=tile)
         return
     geo = _conv.conv_geometry((n, 1, 1, f_in), w4.shape, (n, 1, 1, f_out), 1, 0, 1, n, f_out, f_in)
     tile = tile or choose_tile(n, f_out)
     grid = (math.ceil(n / tile.bm), math.ceil(f_out / tile.bn), 1)
-    launcher.launch(_mma_conv.FORWARD[tile, "bias"], grid, tile.threads, flat(x2d), flat(w), b, flat(y), geo)
+    launcher.launch(mma_conv.FORWARD[tile, "bias"], grid, tile.threads, flat(x2d), flat(w), b, flat(y), geo)
 
 
 def linear_backward(launcher, x2d, w, dy, dx, dw, db, accumulate):

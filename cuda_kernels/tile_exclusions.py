@@ -2,12 +2,12 @@
 
 - ``BLUEPRINT_MMA_EXCLUDE="forward:128x128x32,wgrad:128x64x32"``: tiles that failed their check on this
   device (benchmarks/gpu writes it for the units after the preflight, and its records say so);
-- what this install lacks (``_compat``): no ``alignment=`` keyword excludes every tile, no way to raise
+- what this install lacks (``compat``): no ``alignment=`` keyword excludes every tile, no way to raise
   the dynamic shared memory limit excludes the tiles whose pipeline needs more than 48 KB."""
 import os
 
-from . import _compat
-from ._dynamic_smem import STATIC_SHARED_LIMIT
+from . import compat
+from .dynamic_smem import STATIC_SHARED_LIMIT
 
 DIRECTIONS = ("forward", "dgrad", "wgrad")
 ENV = "BLUEPRINT_MMA_EXCLUDE"
@@ -34,7 +34,7 @@ EXCLUDED = parse(os.environ.get(ENV, ""))
 
 def excluded(direction, tile, dynamic_shared_bytes, features=None, pairs=None):
     """True when ``tile`` must not run ``direction`` here (its kernel takes ``dynamic_shared_bytes``)."""
-    features = _compat.FEATURES if features is None else features
+    features = compat.FEATURES if features is None else features
     if not features["shared-alignment"].available:
         return True
     if dynamic_shared_bytes > STATIC_SHARED_LIMIT and not features["dynamic-shared"].available:

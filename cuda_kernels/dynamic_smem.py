@@ -8,16 +8,16 @@ architecture's opt-in maximum per block (``MAX_SHARED_PER_BLOCK``). numba-cuda 0
 the carveout, so ``raise_shared_limit`` sets the attribute through ``cuda.bindings.driver`` on the
 handle numba loaded, as numba-cuda sets the carveout: a ``CUkernel`` (numba-cuda 0.30 loads
 kernels through cuda.core libraries: ``cuKernelSetAttribute`` for the device) or a ``CUfunction``
-(``cuFuncSetAttribute``). ``_tape.LaunchTape.compile_kernels`` calls it once per kernel of a tape
+(``cuFuncSetAttribute``). ``tape.LaunchTape.compile_kernels`` calls it once per kernel of a tape
 (``StepRunner`` calls that before the first step, so before any graph capture; an unprepared tape's
-first ``replay`` calls it too), and ``_tape.Immediate`` before each launch: never a launch's hot path.
-The handle comes from ``_compat.loaded_handle`` (numba-cuda has no public accessor; without it, ``_compat``
+first ``replay`` calls it too), and ``tape.Immediate`` before each launch: never a launch's hot path.
+The handle comes from ``compat.loaded_handle`` (numba-cuda has no public accessor; without it, ``compat``
 reports static shared memory only). The device checks these assumptions first: docs/gpu-runbook.md.
 The simulator has no handles and needs none: its dynamic shared array holds the launch's byte count.
 """
 import numba
 
-from . import _compat
+from . import compat
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
@@ -33,7 +33,7 @@ def loaded_handle(spec):
     current device; None in the simulator."""
     if SIMULATOR:
         return None
-    return _compat.loaded_handle(spec.kernel.compile(spec.signature))
+    return compat.loaded_handle(spec.kernel.compile(spec.signature))
 
 
 def set_max_dynamic_shared(handle, device, nbytes, name):
@@ -46,7 +46,7 @@ def set_max_dynamic_shared(handle, device, nbytes, name):
         call, (error, *_) = "cuFuncSetAttribute", driver.cuFuncSetAttribute(handle, attribute, nbytes)
     else:
         raise TypeError(f"{name}: expected a CUkernel or CUfunction handle from numba-cuda, got "
-                        f"{type(handle).__name__}; this numba-cuda loads kernels in a way _dynamic_smem does not know")
+                        f"{type(handle).__name__}; this numba-cuda loads kernels in a way dynamic_smem does not know")
     if error != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{name}: {call}(MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes}) on device {device} failed with "
                            f"{error!r}; the GPU's opt-in shared memory per block is smaller than this tile's "

@@ -5,8 +5,8 @@ samples are scaled by 1 / (1 - p). The keep flags (uint8, one per sample) are sa
 import numpy as np
 from numba import cuda
 
-from ._elementwise import _GOLDEN, _S11, _U1, _dropout_scale, _mix64, _store, dropout_threshold
-from ._registry import B1, F32, H1, I1, I32, U64, ZERO, flat, grid_1d, kernel, nbt
+from .elementwise import _GOLDEN, _S11, _U1, _dropout_scale, _mix64, _store, dropout_threshold
+from .registry import B1, F32, H1, I1, I32, U64, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32, u64 = nbt.float16, nbt.float32, nbt.uint64
 

@@ -6,7 +6,7 @@ one tap, one ``cp.async`` (zero-filled in the padding). Each thread stages fixed
 A tile (output pixels) and of the B tile (filters): their pixel origins are computed once
 per block, and the tap / channel of its chunk column advances by ``BK`` per k-tile with
 compares and subtractions (no division in the main loop). The ``STAGES``-deep pipeline is
-``_mma_tiles.make_pipeline``'s.
+``mma_tiles.make_pipeline``'s.
 
 The epilogue stores fp16 and either adds, for the BatchNorm that follows, per-channel sums
 and sums of squares of the stored values (the SIMT kernel's fusion), reduced in a fixed
@@ -19,12 +19,12 @@ import math
 from numba import cuda
 
 from . import _conv
-from ._elementwise import fill_zero
-from ._gemm import CONV_GEOMETRY
+from .elementwise import fill_zero
+from .gemm import CONV_GEOMETRY
 from ._mma import cp_async_16_at, pack_half2, shared_window, st_shared_v4
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
+from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
                          pipeline_bytes, shared_array_words, stage_layout)
-from ._registry import F1, H1, ZERO, flat, nbt
+from .registry import F1, H1, ZERO, flat, nbt
 
 f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid

@@ -17,8 +17,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._elementwise import fill_zero
-from ._registry import F1, F32, I1, I32, ONE, ZERO, grid_1d, kernel, nbt
+from .elementwise import fill_zero
+from .registry import F1, F32, I1, I32, ONE, ZERO, grid_1d, kernel, nbt
 
 f32 = nbt.float32
 INIT_LOSS_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0 ** 16, 2.0, 0.5, 2000

@@ -7,9 +7,9 @@ also works in the CUDA simulator. Offsets must be 256-byte aligned, like the pla
 import numpy as np
 from numba import cuda
 
-from ._elementwise import fill_zero
-from ._graph import synchronize
-from ._tape import Immediate
+from .elementwise import fill_zero
+from .graph import synchronize
+from .tape import Immediate
 
 ALIGNMENT = 256
 
@@ -47,7 +47,7 @@ class DeviceArena:
         """Copy the host array ``host`` into the arena at byte ``offset``, queued on ``stream``.
 
         Asynchronous only if ``host`` is pinned (``cuda.pinned_array``); a step's per-step inputs
-        go through ``cuda_kernels._transfer``'s pinned staging instead.
+        go through ``cuda_kernels.transfer``'s pinned staging instead.
         """
         host = np.ascontiguousarray(host)
         self._check_slice(offset, host.nbytes, "upload")

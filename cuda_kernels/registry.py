@@ -23,7 +23,7 @@ import numba
 import numpy as np
 from numba.cuda import types as nbt
 
-from ._compat import jit_kernel
+from .compat import jit_kernel
 
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 if SIMULATOR:
@@ -78,7 +78,7 @@ class KernelSpec:
     kernel: object      # the ``cuda.jit`` dispatcher (lazy; compiled on first launch)
     signature: tuple    # numba types, one per argument
     argnames: tuple
-    dynamic_shared_bytes: int = 0   # launched with this much dynamic shared memory (``_dynamic_smem``)
+    dynamic_shared_bytes: int = 0   # launched with this much dynamic shared memory (``dynamic_smem``)
 
     def compile(self):
         """Compile for ``signature`` now (before graph capture); no-op in the simulator.
@@ -131,13 +131,13 @@ def check_args(spec, args, host_stand_ins=False):
             raise TypeError(f"{spec.name}: argument {name!r} expects {expected}, got {got}")
 
 
-KERNEL_MODULES = ("_elementwise", "_batchnorm", "_pool", "_conv", "_depthwise", "_linear", "_loss", "_optim",
-                  "_channel_mul", "_drop_path", "_prelu")
+KERNEL_MODULES = ("elementwise", "batchnorm", "pool", "_conv", "_depthwise", "_linear", "loss", "optim",
+                  "channel_mul", "drop_path", "prelu")
 
 
 def all_kernels():
     """The complete table of SIMT kernels (imports each module of ``KERNEL_MODULES``; the tensor-core
-    kernels are declared in the modules of ``_mma_kernels.MMA_KERNEL_MODULES``)."""
+    kernels are declared in the modules of ``mma_kernels.MMA_KERNEL_MODULES``)."""
     for module in KERNEL_MODULES:
         importlib.import_module(f"{__package__}.{module}")
     return dict(KERNELS)

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._dynamic_smem import MAX_SHARED_PER_BLOCK, STATIC_SHARED_LIMIT
+from .dynamic_smem import MAX_SHARED_PER_BLOCK, STATIC_SHARED_LIMIT
 from ._mma import CP_ASYNC_PTX, LDMATRIX_PTX, LDMATRIX_TRANS_PTX, MMA_PTX
 
 TENSOR_CORE_OPCODES = {"mma": MMA_PTX, "ldmatrix": LDMATRIX_PTX, "ldmatrix_trans": LDMATRIX_TRANS_PTX,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from numba import cuda
 
-from . import _compat
-from ._registry import SIMULATOR
+from . import compat
+from .registry import SIMULATOR
 
 MODES = ("eager", "graph")
 
@@ -33,7 +33,7 @@ def graph_support():
         return False, "the CUDA simulator (NUMBA_ENABLE_CUDASIM=1) has no graph API"
     if not cuda.is_available():
         return False, "no CUDA GPU is available"
-    feature = _compat.FEATURES["graph-capture"]
+    feature = compat.FEATURES["graph-capture"]
     return feature.available, feature.why
 
 
@@ -60,9 +60,9 @@ def plan_replay(requested, allow_eager_fallback, support):
 def new_stream():
     """A stream kernels can be launched on and captured from (numba's own where cuda.core cannot capture:
     eager replay needs no more)."""
-    if SIMULATOR or not cuda.is_available() or not _compat.FEATURES["graph-capture"].available:
+    if SIMULATOR or not cuda.is_available() or not compat.FEATURES["graph-capture"].available:
         return cuda.stream()
-    return _compat.core_stream()
+    return compat.core_stream()
 
 
 def synchronize(stream):
@@ -71,7 +71,7 @@ def synchronize(stream):
 
 def new_graph_builder():
     """A cuda.core ``GraphBuilder`` on the current device (tests replace this to make capture fail)."""
-    return _compat.core_graph_builder()
+    return compat.core_graph_builder()
 
 
 def capture_graph(kernels):

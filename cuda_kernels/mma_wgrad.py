@@ -3,7 +3,7 @@
 GEMM with M = Cout, N = KH*KW*Cin, reduced over output pixels, split over ``blockIdx.z``
 (``_conv._reduction_split``) and added into ``dw`` (zeroed first) with fp32 atomics, as the
 SIMT kernel does. Both operands are contiguous along M / N (channels), so their tiles are
-stored with rows = pixels (padded rows, see ``_mma_tiles``) and read with ``ldmatrix.trans``.
+stored with rows = pixels (padded rows, see ``mma_tiles``) and read with ``ldmatrix.trans``.
 Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
 computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
 compares and subtractions; ``Cout % 8 == 0``; ``Cin % 8 != 0`` (stems) stages x by scalar loads.
@@ -13,14 +13,14 @@ import math
 from numba import cuda
 
 from . import _conv
-from ._elementwise import fill_zero
-from ._gemm import CONV_GEOMETRY
+from .elementwise import fill_zero
+from .gemm import CONV_GEOMETRY
 from ._mma import cp_async_16_at, shared_window
-from ._mma_conv import step_tap, store_chunk, tap_of
-from ._dynamic_smem import SMALLEST_MAX_SHARED
-from ._mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
+from .mma_conv import step_tap, store_chunk, tap_of
+from .dynamic_smem import SMALLEST_MAX_SHARED
+from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
                          shared_array_words, stage_layout)
-from ._registry import F1, H1, ZERO, flat, nbt
+from .registry import F1, H1, ZERO, flat, nbt
 
 f16, i32, u32 = nbt.float16, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # a tap row that no pixel reaches: columns past N

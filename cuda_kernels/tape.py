@@ -5,22 +5,22 @@ they call ``launcher.launch(spec, grid, block, *args)``. Two launchers exist:
 
 - ``LaunchTape`` records the launch (after checking the argument types against the
   kernel table) and replays the whole list later: eagerly with ``replay(stream)`` or as
-  one CUDA graph (``cuda_kernels._graph``). Everything a kernel reads per step must
+  one CUDA graph (``cuda_kernels.graph``). Everything a kernel reads per step must
   therefore live in device memory: the recorded arguments are frozen.
 - ``Immediate`` checks the arguments the same way and launches at once (tests, debugging).
 
-A tape may also hold the step's host <-> device transfers and events (``cuda_kernels._transfer``:
+A tape may also hold the step's host <-> device transfers and events (``cuda_kernels.transfer``:
 entries with ``kind`` "upload", "download" or "event"), before its first and after its last
 kernel. ``segments()`` splits it there: graph replay captures the kernels only and issues the
 transfers around the graph launch, on the same stream. A data-parallel step also holds
-``collective`` entries (``cuda_kernels._collective``) among its kernels; they are captured with them.
+``collective`` entries (``cuda_kernels.collective``) among its kernels; they are captured with them.
 """
 from dataclasses import dataclass
 
-from ._dynamic_smem import raise_shared_limit
-from ._registry import check_args
+from .dynamic_smem import raise_shared_limit
+from .registry import check_args
 
-#: Entries graph capture records: kernels, and the data-parallel all-reduces (``_collective``), which
+#: Entries graph capture records: kernels, and the data-parallel all-reduces (``collective``), which
 #: run on the step's stream like a kernel.
 CAPTURED_KINDS = ("kernel", "collective")
 
@@ -64,7 +64,7 @@ class LaunchTape:
 
     def compile_kernels(self):
         """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``), and
-        raise the dynamic shared memory limit of those above 48 KB on the current device (``_dynamic_smem``):
+        raise the dynamic shared memory limit of those above 48 KB on the current device (``dynamic_smem``):
         ``StepRunner`` calls this before the first replay, so before any graph capture."""
         seen = set()
         for entry in self._entries:
@@ -127,7 +127,7 @@ class Immediate:
 
     def launch(self, spec, grid, block, *args):
         check_args(spec, args)
-        raise_shared_limit(spec)   # once per compiled kernel (``_dynamic_smem``); nothing below 48 KB
+        raise_shared_limit(spec)   # once per compiled kernel (``dynamic_smem``); nothing below 48 KB
         Launch(spec, grid, block, args).run(self.stream)
 
 

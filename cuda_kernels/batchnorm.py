@@ -8,7 +8,7 @@ epilogue (docs/internals/cuda-path.md, "Fusion in training"):
    updates the running statistics (biased variance normalises, unbiased one is tracked);
 3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
 Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``.
-Synchronised BN (data parallel, ``cuda_kernels._collective``): the sums of step 1 are summed over
+Synchronised BN (data parallel, ``cuda_kernels.collective``): the sums of step 1 are summed over
 the replicas before the finalize, which divides by the global count; in the backward, ``dbeta`` and
 ``dgamma`` are summed over the replicas before ``dx`` reads them (``dx`` divides by the global rows),
 then scaled by ``1 / world_size``: the gradient all-reduce (an average) then leaves the mean of the
@@ -23,9 +23,9 @@ from numba import cuda
 
 from planner.ops import Prim
 
-from ._collective import SINGLE_REPLICA
-from ._elementwise import ACTIVATION_KERNELS, fill_zero
-from ._registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
+from .collective import SINGLE_REPLICA
+from .elementwise import ACTIVATION_KERNELS, fill_zero
+from .registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 # reduction block: 32 channels x 8 row lanes (the simulator, one Python thread each: 8 x 2)
@@ -183,7 +183,7 @@ def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_inv
                             collectives=SINGLE_REPLICA):
     """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
     accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``. ``collectives``: the step's
-    (``cuda_kernels._collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch."""
+    (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
         batchnorm_stats(launcher, x2d, save_mean, save_invstd)

@@ -1,9 +1,9 @@
-"""The tensor-core kernel modules, imported together (their table is ``_mma_tiles.MMA_KERNELS``)."""
+"""The tensor-core kernel modules, imported together (their table is ``mma_tiles.MMA_KERNELS``)."""
 import importlib
 
-from ._mma_tiles import MMA_KERNELS
+from .mma_tiles import MMA_KERNELS
 
-MMA_KERNEL_MODULES = ("_mma_conv", "_mma_wgrad", "_mma_dgrad", "_mma_ops")
+MMA_KERNEL_MODULES = ("mma_conv", "mma_wgrad", "mma_dgrad", "mma_ops")
 
 
 def all_mma_kernels():

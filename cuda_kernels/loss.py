@@ -12,8 +12,8 @@ import math
 import numpy as np
 from numba import cuda
 
-from ._elementwise import fill_zero
-from ._registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, ZERO, grid_1d, kernel, nbt
+from .elementwise import fill_zero
+from .registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, ZERO, grid_1d, kernel, nbt
 
 f16, f32 = nbt.float16, nbt.float32
 ROW_THREADS = 32 if SIMULATOR else 128   # a power of two

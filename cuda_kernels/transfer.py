@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
-from ._registry import SIMULATOR
+from .registry import SIMULATOR
 
 TURNS = 2   # double buffering
 

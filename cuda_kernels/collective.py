@@ -14,7 +14,7 @@ the forward, of the batch sum and sum of squares, after their accumulation (a co
 or the BN statistics kernel) and before the finalize, which then divides by the global count (the
 local rows times the world size: every replica steps the same batch size, which the sampler's padding
 guarantees); in the backward, of ``sum(dy)`` and ``sum(dy * xhat)`` after their reduction and before
-the input gradient reads them (``cuda_kernels._batchnorm``). Two all-reduces per BN layer and
+the input gradient reads them (``cuda_kernels.batchnorm``). Two all-reduces per BN layer and
 direction: the planner gives each buffer its own 256-byte-aligned slot, so the two are in general not
 adjacent (one NCCL group call around them would make them one launch; not done yet).
 
@@ -75,7 +75,7 @@ class StepCollectives:
 SINGLE_REPLICA = StepCollectives()
 
 
-class _ReducingCollectives(StepCollectives):
+class ReducingCollectives(StepCollectives):
     def gradients(self, launcher, grads) -> None:
         launcher.add(CollectiveEntry(f"all_reduce_avg_{GRADIENTS}", "avg", grads, self))
 
@@ -94,7 +94,7 @@ class _ReducingCollectives(StepCollectives):
 
 
 @dataclass
-class RecordingCollectives(_ReducingCollectives):
+class RecordingCollectives(ReducingCollectives):
     """The simulator's stand-in for NCCL: ``world_size`` identical replicas (see the module header);
     remembers ``(op, elements, dtype)`` per call."""
     calls: list = field(default_factory=list)
@@ -108,7 +108,7 @@ class RecordingCollectives(_ReducingCollectives):
                                   stream=stream)
 
 
-class NcclCollectives(_ReducingCollectives):
+class NcclCollectives(ReducingCollectives):
     """nccl4py on the step's stream (GPU only; not run on the development machines, which have none)."""
 
     def __init__(self, dist):

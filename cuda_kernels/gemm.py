@@ -15,7 +15,7 @@ import math
 
 from numba import cuda
 
-from ._registry import ZERO, geometry, int32_tuple, nbt
+from .registry import ZERO, geometry, int32_tuple, nbt
 
 f16 = nbt.float16
 from ._tile import BK, BM, BN, THREADS_PER_BLOCK, TM, TN, TX, TY, tile_mma
