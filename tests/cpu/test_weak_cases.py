@@ -212,6 +212,14 @@ def _while_another_process_holds(tmp_path, call):
     assert not path.exists()     # nothing overwritten
 
 
+def _fit_into(path):
+    task = _tiny_task().checkpoint(path)
+    try:
+        task.fit()
+    finally:
+        assert task.history == [], "refused only after an epoch was trained"   # at the start, not at the first save
+
+
 API_CASES = [
     ("evaluate() with labels past the classes", _evaluate_labels_past_the_classes, ConfigError,
      r"labels must be in \[0, 2\) .* got values in \[0, 5\]"),
@@ -221,7 +229,7 @@ API_CASES = [
      lambda t: _while_another_process_holds(t, lambda path: _tiny_task().save(path)), ConfigError,
      r"c.safetensors is being written by another process \(pid \d+\)"),
     ("fit() into a checkpoint another process is saving to",
-     lambda t: _while_another_process_holds(t, lambda path: _tiny_task().checkpoint(path).fit()), ConfigError,
+     lambda t: _while_another_process_holds(t, _fit_into), ConfigError,
      r"c.safetensors is being written by another process \(pid \d+\)"),
 ]
 
