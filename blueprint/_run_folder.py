@@ -17,7 +17,6 @@
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -25,6 +24,8 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from blueprint._file_lock import LockHeld, acquire_lock, release_lock
 
 LOCK_NAME = ".lock"
 HISTORY_NAME = "history.jsonl"
@@ -55,31 +56,16 @@ def run_folder(path: Path):
     try:
         yield path
     finally:
-        (path / LOCK_NAME).unlink(missing_ok=True)   # before closing: a waiter then sees the lock file gone
-        os.close(descriptor)
+        release_lock(path / LOCK_NAME, descriptor)
         _remove_if_empty(created)
 
 
 def _lock(lock_path: Path) -> int:
-    while True:
-        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(descriptor, 64).decode("ascii", "replace").strip() or "unknown"
-            os.close(descriptor)
-            raise RunFolderError(f"run folder {lock_path.parent} is in use by another run (pid {holder}); wait for it "
-                                 "to finish or pass another --out") from None
-        try:
-            current = os.stat(lock_path).st_ino
-        except FileNotFoundError:
-            current = None
-        if current != os.fstat(descriptor).st_ino:   # the holder finished and removed it meanwhile: retry
-            os.close(descriptor)
-            continue
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"{os.getpid()}\n".encode("ascii"))
-        return descriptor
+    try:
+        return acquire_lock(lock_path)
+    except LockHeld as held:
+        raise RunFolderError(f"run folder {lock_path.parent} is in use by another run (pid {held.holder}); wait for "
+                             "it to finish or pass another --out") from None
 
 
 def _remove_if_empty(created: list[Path]) -> None:

@@ -27,6 +27,7 @@ from blueprint._errors import ConfigError
 BACKEND = "gloo"
 DEFAULT_TIMEOUT_S = 300.0       # a collective that waits longer than this ends the run
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MINIMUMS = {"rank": 0, "world_size": 1}   # the smallest valid value of each (and of its environment variable)
 THREADS_VARIABLE = "NUMBA_NUM_THREADS"
 
 
@@ -58,11 +59,11 @@ class Distributed:
     sync_batchnorm: bool = False
 
     def __post_init__(self):
-        for name in ("rank", "world_size"):
+        for name, minimum in MINIMUMS.items():
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"Distributed({name}=...): expected an int >= 0, found {value!r}")
-        if not 0 <= self.rank < max(self.world_size, 1):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(f"Distributed({name}=...): expected an int >= {minimum}, found {value!r}")
+        if not self.rank < self.world_size:
             raise ConfigError(f"Distributed: rank {self.rank} is outside world size {self.world_size}; "
                               "launch with torchrun, which numbers the ranks 0..WORLD_SIZE-1")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
@@ -79,11 +80,12 @@ class Distributed:
                               f"{missing} not set; launch with `torchrun --nproc-per-node N -m blueprint train ...`, "
                               "`blueprint train --nproc-per-node N ...` or torchrun running your script")
         values = {}
-        for name in ("RANK", "WORLD_SIZE"):
-            text = os.environ[name]
-            if not text.isdigit():
-                raise ConfigError(f"distributed(): environment variable {name} must be an int >= 0, found {text!r}")
-            values[name] = int(text)
+        for name, minimum in MINIMUMS.items():
+            text = os.environ[name.upper()]
+            if not (text.isascii() and text.isdigit()) or int(text) < minimum:
+                raise ConfigError(f"distributed(): environment variable {name.upper()} must be an int >= {minimum}, "
+                                  f"found {text!r}; launch with torchrun, which sets it")
+            values[name.upper()] = int(text)
         return Distributed(values["RANK"], values["WORLD_SIZE"], timeout_s, sync_batchnorm)
 
     @property
@@ -102,8 +104,15 @@ class Distributed:
                                   f"{self.world_size}; use Distributed.from_environment()")
             return
         _share_cores()
-        dist.init_process_group(BACKEND, rank=self.rank, world_size=self.world_size,
-                                timeout=timedelta(seconds=self.timeout_s))
+        try:
+            dist.init_process_group(BACKEND, rank=self.rank, world_size=self.world_size,
+                                    timeout=timedelta(seconds=self.timeout_s))
+        except dist.DistNetworkError as error:   # rank 0 cannot listen on MASTER_PORT, or a rank cannot reach it
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            raise ConfigError(f"rank {self.rank} of {self.world_size}: the process group's store at MASTER_ADDR:"
+                              f"MASTER_PORT {where} failed ({' '.join(str(error).split())[:200]}); another process "
+                              "holds that port, or rank 0 is not listening there. Free the port or pick another "
+                              "MASTER_PORT (the same for every rank)") from None
         atexit.register(_leave, dist)   # gloo aborts the interpreter's exit if its group is still up
 
     def stop(self) -> None:

@@ -22,6 +22,10 @@ Saving is atomic: the bytes go to a temporary file ``.NAME.*.tmp`` in the target
 which is flushed, fsync'ed and then ``os.replace``d over the target, so an interrupted save
 leaves the previous checkpoint untouched; the temporary file is removed if the save fails,
 and orphans left by a killed process are removed by the next save of the same target.
+
+One writer per checkpoint: `DeepLearningTask.fit()` (with ``.checkpoint(path)``) and ``save(path)`` hold
+`checkpoint_lock`, an `flock` on ``.NAME.lock`` next to the file (`blueprint._file_lock`); a second process
+saving to the same path is refused naming the holder's pid instead of overwriting the other's file.
 """
 from __future__ import annotations
 
@@ -30,12 +34,16 @@ import hashlib
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_bytes
+
+from blueprint._errors import ConfigError
+from blueprint._file_lock import LockHeld, process_lock
 
 STATE_KEY = "blueprint_state"
 FORMAT_KEY = "blueprint_format"
@@ -143,6 +151,23 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
     _fsync_folder(folder)
 
 
+@contextmanager
+def checkpoint_lock(path):
+    """Hold the lock of checkpoint ``path`` for the ``with`` block: a ConfigError naming the holder's pid if
+    another process holds it (re-entrant within this process)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"save_checkpoint: folder {path.parent} for {path.name} does not exist; create it "
+                                "first.")
+    try:
+        with process_lock(path.parent / f".{path.name}.lock"):
+            yield
+    except LockHeld as held:
+        raise ConfigError(f"checkpoint {path} is being written by another process (pid {held.holder}): two runs "
+                          "saving to one path would overwrite each other. Wait for it to finish, or give this run "
+                          "another checkpoint path") from None
+
+
 def _split(payload: memoryview) -> tuple[dict, memoryview]:
     """(header as a dict, data section) of safetensors bytes."""
     length = int.from_bytes(payload[:HEADER_LENGTH_BYTES], "little")
@@ -242,6 +267,12 @@ def load_checkpoint(path) -> tuple[dict[str, np.ndarray], dict]:
         tensors = safetensors_load(raw)           # validates the header: offsets, dtypes, shapes
         header, data = _split(memoryview(raw))
         metadata = header.get("__metadata__") or {}
+    except KeyError as error:   # a dtype safetensors knows and numpy has no type for: BF16, F8_E4M3, ...
+        names = [name for name, entry in _split(memoryview(raw))[0].items()
+                 if name != "__metadata__" and entry["dtype"] == error.args[0]]
+        raise ValueError(f"{path}: tensor {names[0]!r} has dtype {error.args[0]}, which numpy cannot hold; a "
+                         "blueprint checkpoint stores float32 (and integer) tensors. Convert the tensors to float32 "
+                         "with the program that wrote the file") from None
     except (SafetensorError, OSError, ValueError, RecursionError) as error:
         raise ValueError(f"{path} is not a blueprint checkpoint: it is not a readable safetensors file "
                          f"({error}).") from error

@@ -14,7 +14,7 @@ from blueprint._layer import BluePrint
 from blueprint._parse import parse_as
 from blueprint.optim import SCHEDULES, SGD, Adam, AdamW, CrossEntropyLoss
 from blueprint.task._callbacks import checkpoint_entries, read_tracked
-from blueprint.task._checkpoint import load_checkpoint, save_checkpoint
+from blueprint.task._checkpoint import checkpoint_lock, load_checkpoint, save_checkpoint
 from blueprint.task._fit_loop import EpochRecord
 from blueprint.task._position import Position, check_resumable
 from blueprint.task._replica_task import check_world_size, resumed_position
@@ -27,7 +27,8 @@ class SaveResume:
 
     def save(self, path) -> Path:
         """Write weights, BN statistics, optimizer state and position as one safetensors file (atomically).
-        Mid-epoch (after an interrupt) the position records the next batch and the epoch's sums so far."""
+        Mid-epoch (after an interrupt) the position records the next batch and the epoch's sums so far.
+        A path another process is saving to (its `fit()` or `save()`) is refused, naming that process."""
         session = self.session()
         ex = session.executor
         tensors = {"model." + k: v for k, v in ex.state_dict().items()}
@@ -45,7 +46,8 @@ class SaveResume:
         state.update(tracked_state)
         tensors.update(tracked_tensors)
         path = Path(path)
-        save_checkpoint(path, tensors, state)
+        with checkpoint_lock(path):
+            save_checkpoint(path, tensors, state)
         return path
 
     def _input_spec(self):
@@ -92,6 +94,10 @@ class SaveResume:
         session.executor.check_optimizer_state(optimizer_state)
         epochs_done = _count(path, state, "epochs_done", 0)
         history = _history(path, state.get("history"))
+        if epochs_done != len(history):   # every finished epoch appends its record before the save
+            raise ConfigError(f"{path}: the checkpoint's epochs_done is {epochs_done:,} but its history holds "
+                              f"{len(history)} epoch record(s); the file was edited or written by another "
+                              "program. Resume from another checkpoint (e.g. the previous epoch's)")
         position = Position.from_state(path, state.get("position"), epochs_done,
                                        self._loaders()[0].steps_per_epoch)
         if position is not None and self.distributed_config is not None:

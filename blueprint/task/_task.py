@@ -8,6 +8,7 @@ session stays attached to that task value for `evaluate()`, `predict()` and `sav
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -18,6 +19,7 @@ from blueprint._errors import ConfigError
 from blueprint._layer import BluePrint
 from blueprint.optim import SCHEDULES, SGD, Adam, AdamW, ConstantLR, CrossEntropyLoss, keyword_construction
 from blueprint.task._callbacks import TRACKED_CALLBACKS, Tracked, check_tracked
+from blueprint.task._checkpoint import checkpoint_lock
 from blueprint.task._fit_loop import DivergedError, EpochRecord, FitLoop, classification_metrics
 from blueprint.task._replica_task import (check_replica_batch, place_replica, replica_loaders, replica_samples,
                                           replicate)
@@ -419,13 +421,18 @@ class DeepLearningTask(FitLoop, SaveResume):
             self.session()     # made here first, so the trained weights stay with this task value too
             return self.epochs(epochs).fit()
         session = self.session()
-        with DeferredInterrupt() as interrupt:
+        with DeferredInterrupt() as interrupt, self._run_lock():
             try:
                 return self._fit(session, interrupt)
             except KeyboardInterrupt:
                 if self.checkpoint_path and self._writes and not interrupt.stepping and session.holds_training:
                     self.save(interrupt_path(Path(self.checkpoint_path)))
                 raise
+
+    def _run_lock(self):
+        """The checkpoint's lock for the whole run (rank 0 alone writes): a second process training into the
+        same checkpoint is refused at its start, not after it overwrote this run's epochs."""
+        return checkpoint_lock(self.checkpoint_path) if self.checkpoint_path and self._writes else nullcontext()
 
     def evaluate(self, dataset: ArrayDataset) -> dict:
         """Loss, top-1 and (with >= 5 classes) top-5 accuracy on a dataset, in eval mode."""

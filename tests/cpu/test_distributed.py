@@ -8,6 +8,7 @@ against float32's own error on that step, exactly as tests/cpu/test_torch_parity
 distance to the float64 reference may be at most FP32_MULTIPLE times PyTorch-float32's, plus
 FLOOR times the quantity's scale (tests/support/float32_error.py).
 """
+import contextlib
 import os
 import re
 import socket
@@ -216,15 +217,26 @@ def test_resuming_with_another_world_size_warns_that_it_is_not_bit_exact():
 
 
 # ---- the command line ------------------------------------------------------------------------------------------------
-def test_blueprint_train_nproc_per_node_starts_the_workers_through_torchrun(tmp_path):
+def _launcher_environment() -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
+    return env
+
+
+RENDEZVOUS = {   # how the launcher meets its workers: torchrun's standalone one, or the (watched) c10d endpoint
+    "standalone": list,
+    "rdzv-endpoint": lambda: ["--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"],
+}
+
+
+@pytest.mark.parametrize("rendezvous", RENDEZVOUS)
+def test_blueprint_train_nproc_per_node_starts_the_workers_through_torchrun(tmp_path, rendezvous):
     out = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "blueprint", "train", "--nproc-per-node", "2", "--epochs", "1",
-                             "--out", str(out), "--json"], env=env, capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT_S, cwd=tmp_path)
+                             "--out", str(out), "--json", *RENDEZVOUS[rendezvous]()], env=_launcher_environment(),
+                            capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     metrics = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(metrics) == 1, result.stdout          # rank 0 alone prints
@@ -233,6 +245,39 @@ def test_blueprint_train_nproc_per_node_starts_the_workers_through_torchrun(tmp_
     assert len(history) == 1 and (out / "checkpoint.safetensors").exists()
     from blueprint.task import load_checkpoint
     assert load_checkpoint(out / "checkpoint.safetensors")[1]["world_size"] == 2
+
+
+RDZV_TIMEOUT_S = 2     # small, so the test is quick; whether the launcher ended is judged by LAUNCH_TIMEOUT_S
+
+
+def _silent_listener(stack) -> int:
+    """A port whose listener accepts connections (the kernel's backlog does) and never answers: torch's store
+    client blocks on it past all of its own timeouts."""
+    listener = stack.enter_context(socket.socket())
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    return listener.getsockname()[1]
+
+
+ENDPOINTS = {   # a rendezvous that never completes
+    "a silent listener": _silent_listener,                # the launcher's watchdog ends it
+    "no other machine joins": lambda stack: _free_port(),  # the launcher hosts it; torchrun's join timeout ends it
+}
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_a_rendezvous_that_does_not_complete_is_one_error_line_after_the_rdzv_timeout(tmp_path, endpoint):
+    with contextlib.ExitStack() as stack:
+        where = f"127.0.0.1:{ENDPOINTS[endpoint](stack)}"
+        result = subprocess.run([sys.executable, "-m", "blueprint", "train", "--nproc-per-node", "1", "--nnodes", "2",
+                                 "--rdzv-endpoint", where, "--rdzv-timeout", str(RDZV_TIMEOUT_S), "--epochs", "1",
+                                 "--out", str(tmp_path / "run")], env=_launcher_environment(), capture_output=True,
+                                text=True, timeout=LAUNCH_TIMEOUT_S, cwd=tmp_path, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert lines[0].startswith(f"error: the rendezvous at --rdzv-endpoint {where} did not complete within "
+                               f"--rdzv-timeout {RDZV_TIMEOUT_S} s"), lines[0]
+    assert lines[0].endswith("or raise --rdzv-timeout") and not (tmp_path / "run").exists()
 
 
 def test_the_workers_get_every_training_option_but_the_launch_options():
@@ -247,6 +292,8 @@ def test_the_workers_get_every_training_option_but_the_launch_options():
     launcher = launcher_arguments(args, worker)
     assert launcher[:4] == ["--nproc-per-node", "2", "--nnodes", "2"] and "h:29400" in launcher
     assert launcher[launcher.index("--module"):][:3] == ["--module", "blueprint", "train"]
+    assert launcher[launcher.index("--rdzv-conf") + 1] == "join_timeout=600,read_timeout=600"
+    assert "--rdzv-timeout" not in worker
 
 
 def test_sync_batchnorm_outside_a_data_parallel_run_is_refused_with_the_fix(monkeypatch, capsys, tmp_path):

@@ -1,8 +1,16 @@
-"""Issue 24, the weak cases: each mistake (of a user, a disk or a crafted file) is one `error:` line on
-stderr and exit status 2 through the CLI, or one ValueError/ConfigError from the API; never a traceback.
-One table: (name, how to set it up, the command or call, a fragment of the message)."""
+"""Issue 24, the weak cases: each mistake (of a user, a disk, a crafted file or the launch environment) is
+one `error:` line on stderr and exit status 2 through the CLI, or one ValueError/ConfigError from the API;
+never a traceback. Two tables: the CLI's (name, the command line, a fragment of the message, the
+environment) and the API's (name, the call, the error, a pattern of its message)."""
+import importlib.util
 import json
 import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -10,7 +18,9 @@ import pytest
 from blueprint.cli import main
 from blueprint import ConfigError
 from blueprint.task import _checkpoint
-from blueprint.task import save_checkpoint
+from blueprint.task import load_checkpoint, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QUICK = ["train", "--epochs", "1", "--batch-size", "1024", "--quiet"]
 
@@ -54,25 +64,73 @@ def _folder(path):
     return path
 
 
+def _foreign_dtype(tmp_path, dtype, itemsize):
+    """A safetensors file whose one tensor, 8 bytes, has ``dtype`` (BF16, F8_E4M3: types numpy has not), written
+    by hand: an 8-byte little-endian header length, the JSON header, the data."""
+    header = json.dumps({"model.w": {"dtype": dtype, "shape": [8 // itemsize], "data_offsets": [0, 8]},
+                         "__metadata__": {_checkpoint.STATE_KEY: "{}", _checkpoint.FORMAT_KEY: "2"}}).encode()
+    header += b" " * (-len(header) % 8)
+    path = tmp_path / f"{dtype}.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    return path
+
+
+def _epochs_done(tmp_path, checkpoint, epochs_done):
+    """``checkpoint`` with its state's epochs_done replaced (digests valid: written through save_checkpoint)."""
+    tensors, state = load_checkpoint(checkpoint)
+    path = tmp_path / "edited.safetensors"
+    save_checkpoint(path, tensors, {**state, "epochs_done": epochs_done})
+    return path
+
+
+def _torchrun_environment(world_size, port):
+    return {"RANK": "0", "WORLD_SIZE": world_size, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+class Case(NamedTuple):
+    name: str
+    make: Callable            # (tmp_path, a trained checkpoint) -> the command line
+    fragment: str             # in the error line
+    environment: Callable = lambda busy_port: {}   # variables set for the run; busy_port: a port held by a listener
+
+
 CLI_CASES = [
-    ("lock file is a folder", lambda t, c: _folder(t / "run" / ".lock") and QUICK + ["--out", str(t / "run")],
-     "Is a directory"),
-    ("history.jsonl is a folder", lambda t, c: _folder(t / "run" / "history.jsonl") and QUICK + ["--out", str(t / "run")],
-     "Is a directory"),
-    ("--out under a file", lambda t, c: (t / "file").write_text("x") and QUICK + ["--out", str(t / "file" / "run")],
-     "--out"),
-    ("--out name too long", lambda t, c: QUICK + ["--out", str(t / ("n" * 300))], "File name too long"),
-    ("export --onnx a folder", lambda t, c: ["export", str(c), "--onnx", str(t)], "is a folder"),
-    ("predict an .npz", lambda t, c: ["predict", str(c), str(_npz(t))], "not a .npy file of numbers"),
-    ("predict a .npy whose header lies", lambda t, c: ["predict", str(c), str(_lying_npy(t))],
-     "not a .npy file of numbers"),
-    ("predict a FIFO", lambda t, c: ["predict", str(c), str(_fifo(t))], "is not a regular file"),
-    ("checkpoint /dev/zero", lambda t, c: ["predict", "/dev/zero", str(_npz(t))], "is not a regular file"),
-    ("state is a JSON list", lambda t, c: ["predict", str(_crafted_state(t, [1, 2])), str(_npz(t))],
-     "not a blueprint state"),
-    ("state nested 100k deep", lambda t, c: ["predict", str(_crafted_state(t, _Nested())), str(_npz(t))],
-     "not a blueprint state"),
+    Case("lock file is a folder", lambda t, c: _folder(t / "run" / ".lock") and QUICK + ["--out", str(t / "run")],
+         "Is a directory"),
+    Case("history.jsonl is a folder",
+         lambda t, c: _folder(t / "run" / "history.jsonl") and QUICK + ["--out", str(t / "run")],
+         "Is a directory"),
+    Case("--out under a file", lambda t, c: (t / "file").write_text("x") and QUICK + ["--out", str(t / "file" / "run")],
+         "--out"),
+    Case("--out name too long", lambda t, c: QUICK + ["--out", str(t / ("n" * 300))], "File name too long"),
+    Case("export --onnx a folder", lambda t, c: ["export", str(c), "--onnx", str(t)], "is a folder"),
+    Case("predict an .npz", lambda t, c: ["predict", str(c), str(_npz(t))], "not a .npy file of numbers"),
+    Case("predict a .npy whose header lies", lambda t, c: ["predict", str(c), str(_lying_npy(t))],
+         "not a .npy file of numbers"),
+    Case("predict a FIFO", lambda t, c: ["predict", str(c), str(_fifo(t))], "is not a regular file"),
+    Case("checkpoint /dev/zero", lambda t, c: ["predict", "/dev/zero", str(_npz(t))], "is not a regular file"),
+    Case("state is a JSON list", lambda t, c: ["predict", str(_crafted_state(t, [1, 2])), str(_npz(t))],
+         "not a blueprint state"),
+    Case("state nested 100k deep", lambda t, c: ["predict", str(_crafted_state(t, _Nested())), str(_npz(t))],
+         "not a blueprint state"),
+    Case("checkpoint with BF16 tensors", lambda t, c: ["predict", str(_foreign_dtype(t, "BF16", 2)), str(_npz(t))],
+         "tensor 'model.w' has dtype BF16, which numpy cannot hold"),
+    Case("checkpoint with F8_E4M3 tensors", lambda t, c: ["predict", str(_foreign_dtype(t, "F8_E4M3", 1)), str(_npz(t))],
+         "tensor 'model.w' has dtype F8_E4M3, which numpy cannot hold"),
+    Case("resume a checkpoint whose epochs_done is 10**30",
+         lambda t, c: QUICK + ["--out", str(t / "run"), "--resume", str(_epochs_done(t, c, 10**30))],
+         "epochs_done is 1,000,000,000,000,000,000,000,000,000,000 but its history holds 1 epoch record(s)"),
 ]
+TORCHRUN_CASES = [   # a worker started with torchrun's environment variables, by hand or by another launcher
+    Case("WORLD_SIZE=0", lambda t, c: QUICK + ["--out", str(t / "run")],
+         "environment variable WORLD_SIZE must be an int >= 1, found '0'", lambda p: _torchrun_environment("0", p)),
+    Case("WORLD_SIZE=abc", lambda t, c: QUICK + ["--out", str(t / "run")],
+         "environment variable WORLD_SIZE must be an int >= 1, found 'abc'", lambda p: _torchrun_environment("abc", p)),
+    Case("MASTER_PORT in use", lambda t, c: QUICK + ["--out", str(t / "run")],
+         "another process holds that port", lambda p: _torchrun_environment("1", p)),
+]
+NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torchrun's environment is read by blueprint.distributed (torch.distributed)")
 
 
 class _Nested:
@@ -86,25 +144,97 @@ def _dumps_nested(value, *args, **kwargs):
     return "[" * 100_000 + "]" * 100_000 if isinstance(value, _Nested) else _dumps(value, *args, **kwargs)
 
 
-@pytest.mark.parametrize("name, make, fragment", CLI_CASES, ids=[c[0] for c in CLI_CASES])
-def test_cli_weak_cases_are_one_error_line(tmp_path, trained, capsys, monkeypatch, name, make, fragment):
+@pytest.fixture
+def busy_port():
+    """A port held by a listener that never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("case", CLI_CASES + [pytest.param(c, marks=NEEDS_TORCH) for c in TORCHRUN_CASES],
+                         ids=[c.name for c in CLI_CASES + TORCHRUN_CASES])
+def test_cli_weak_cases_are_one_error_line(tmp_path, trained, capsys, monkeypatch, busy_port, case):
     monkeypatch.setattr(_checkpoint.json, "dumps", _dumps_nested)
-    argv = make(tmp_path, trained)
+    argv = case.make(tmp_path, trained)
     monkeypatch.undo()
+    for name, value in case.environment(busy_port).items():
+        monkeypatch.setenv(name, value)
     assert main(argv) == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[-1500:]
-    assert fragment in lines[0]
+    assert case.fragment in lines[0]
 
 
-def test_api_evaluate_with_labels_past_the_classes_is_a_config_error():
+def _tiny_task(labels=None):
     from blueprint import BluePrint, conv, fc, gap, relu, seq
     from blueprint.optim import SGD
     from blueprint.task import DeepLearningTask
     from blueprint.task.data import ArrayDataset
     x = np.zeros((4, 4, 4, 1), np.float32) + np.arange(4, dtype=np.float32)[:, None, None, None]
-    task = (DeepLearningTask().model(BluePrint(seq(conv(2, 3, 1, 1), relu(), gap(), fc(2)))).optimizer(SGD())
-            .data(train=ArrayDataset(x, np.arange(4) % 2), batch_size=4).progress(False))
-    with pytest.raises(ConfigError, match=r"labels must be in \[0, 2\) .* got values in \[0, 5\]"):
-        task.evaluate(ArrayDataset(x, np.array([0, 1, 5, 1])))
+    return (DeepLearningTask().model(BluePrint(seq(conv(2, 3, 1, 1), relu(), gap(), fc(2)))).optimizer(SGD())
+            .data(train=ArrayDataset(x, np.arange(4) % 2), batch_size=4).progress(False).epochs(1))
+
+
+def _evaluate_labels_past_the_classes(tmp_path):
+    from blueprint.task.data import ArrayDataset
+    task = _tiny_task()
+    task.evaluate(ArrayDataset(task.train_set.x, np.array([0, 1, 5, 1])))
+
+
+def _resume_epochs_done(tmp_path):
+    trained = _tiny_task().checkpoint(tmp_path / "c.safetensors")
+    trained.fit()
+    _tiny_task().resume(_epochs_done(tmp_path, tmp_path / "c.safetensors", 10**30)).fit()
+
+
+HOLD_THE_LOCK = """import sys, time
+from blueprint.task._checkpoint import checkpoint_lock
+with checkpoint_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _while_another_process_holds(tmp_path, call):
+    """``call(checkpoint path)`` while a second process is saving to that path (it holds the checkpoint's lock)."""
+    path = tmp_path / "c.safetensors"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline() == "held\n"
+        call(path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not path.exists()     # nothing overwritten
+
+
+def _fit_into(path):
+    task = _tiny_task().checkpoint(path)
+    try:
+        task.fit()
+    finally:
+        assert task.history == [], "refused only after an epoch was trained"   # at the start, not at the first save
+
+
+API_CASES = [
+    ("evaluate() with labels past the classes", _evaluate_labels_past_the_classes, ConfigError,
+     r"labels must be in \[0, 2\) .* got values in \[0, 5\]"),
+    ("resume a checkpoint whose epochs_done is 10**30", _resume_epochs_done, ConfigError,
+     r"epochs_done is 1,000(,000)* but its history holds 1 epoch record"),
+    ("save() to a checkpoint another process is saving to",
+     lambda t: _while_another_process_holds(t, lambda path: _tiny_task().save(path)), ConfigError,
+     r"c.safetensors is being written by another process \(pid \d+\)"),
+    ("fit() into a checkpoint another process is saving to",
+     lambda t: _while_another_process_holds(t, _fit_into), ConfigError,
+     r"c.safetensors is being written by another process \(pid \d+\)"),
+]
+
+
+@pytest.mark.parametrize("name, call, error, pattern", API_CASES, ids=[c[0] for c in API_CASES])
+def test_api_weak_cases_are_one_clear_error(tmp_path, name, call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call(tmp_path)
