@@ -20,18 +20,23 @@ TIMING_ROWS = (   # key, what the row measures
 )
 
 
-def measure_steps(step, sync, budget_s=TIMED_S, warmup=WARMUP_STEPS):
-    """``(median seconds per step, steps timed)``: ``warmup`` untimed steps, then up to three rounds
-    of back-to-back steps, each timed from a synchronised device to ``sync()`` after its last step
-    (the device's work is inside the timed region)."""
-    for _ in range(warmup):
+MIN_TIMED_STEPS = 3   # fewer only in the simulator tests (a stand-in step takes seconds there)
+
+
+def measure_steps(step, sync, budget_s=None, warmup=None):
+    """``(median seconds per step, steps timed)``: ``warmup`` untimed steps (default ``WARMUP_STEPS``), then
+    up to three rounds of back-to-back steps (``budget_s`` in all, default ``TIMED_S``, at least
+    ``MIN_TIMED_STEPS``), each timed from a synchronised device to ``sync()`` after its last step (the
+    device's work is inside the timed region)."""
+    budget_s = TIMED_S if budget_s is None else budget_s
+    for _ in range(WARMUP_STEPS if warmup is None else warmup):
         step()
     sync()
     t = time.perf_counter()
     step()
     sync()
     one = max(time.perf_counter() - t, 1e-6)
-    total = int(min(MAX_TIMED_STEPS, max(3, budget_s / one)))
+    total = int(min(MAX_TIMED_STEPS, max(MIN_TIMED_STEPS, budget_s / one)))
     rounds = 3 if total >= 9 else 1
     per_round = total // rounds
     seconds = []

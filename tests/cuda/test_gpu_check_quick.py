@@ -1,8 +1,8 @@
 """`python -m benchmarks.gpu.check --quick`'s device path, run in the simulator on a tiny stand-in network, so
 that a first GPU run does not discover its bugs: every unit writes its record, graph capture made to
 fail falls back to eager and the records and the paste line say so (issue 11, items 3-4). The units run
-in this process (``isolate.run_in_process``: the monkeypatched model reaches them), the budget on a
-frozen clock (the outcome cannot depend on this machine's speed); isolation itself:
+in this process (``isolate.run_in_process``: the monkeypatched model reaches them), every budget (the run's
+and the units' own) on a frozen clock (the outcome cannot depend on this machine's speed); isolation itself:
 tests/null/test_gpu_isolate.py and test_gpu_quick_run.py."""
 import json
 
@@ -21,7 +21,7 @@ def tiny():
 
 
 def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path, monkeypatch):
-    from benchmarks.gpu import quick, quick_run, steps, timing
+    from benchmarks.gpu import budget, quick, quick_run, steps, timing
     from benchmarks.gpu.isolate import run_in_process
     from benchmarks.gpu.protocol import RecordWriter
     from benchmarks.gpu.budget import Budget, FrozenClock
@@ -35,7 +35,10 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     model = StepModel("tiny", tiny, 4, 4, "a stand-in for resnet18-cifar")
     for name in ("QUICK_CHECK", "QUICK_REPLAY", "QUICK_TIMING"):
         monkeypatch.setattr(quick, name, model)
+    monkeypatch.setattr(budget, "DEFAULT_CLOCK", FrozenClock())   # the units' own budgets do not run out either
     monkeypatch.setattr(timing, "TIMED_S", 0.05)
+    monkeypatch.setattr(timing, "MIN_TIMED_STEPS", 1)   # a stand-in step takes seconds in the simulator
+    monkeypatch.setattr(timing, "WARMUP_STEPS", 0)
     monkeypatch.setattr(steps, "REPLAY_STEPS", 2)
     out = RecordWriter(str(tmp_path / "quick.jsonl"))
     failures, skipped, notes = [], [], []
