@@ -219,7 +219,9 @@ class DeepLearningTask(FitLoop, SaveResume):
         return self._new(log_path=None if path is None else str(path))
 
     def checkpoint(self, path) -> "DeepLearningTask":
-        """Save a checkpoint to `path` after every epoch, and when training is interrupted (Ctrl-C)."""
+        """Save a checkpoint to `path` after every epoch, and when training is interrupted (Ctrl-C). `fit()`
+        creates its folder and holds the checkpoint's lock for the whole run: another process training into
+        the same path is refused."""
         return self._new(checkpoint_path=None if path is None else str(path))
 
     def distributed(self, enabled: bool = True, sync_batchnorm: bool = False,
@@ -431,8 +433,12 @@ class DeepLearningTask(FitLoop, SaveResume):
 
     def _run_lock(self):
         """The checkpoint's lock for the whole run (rank 0 alone writes): a second process training into the
-        same checkpoint is refused at its start, not after it overwrote this run's epochs."""
-        return checkpoint_lock(self.checkpoint_path) if self.checkpoint_path and self._writes else nullcontext()
+        same checkpoint is refused at its start, not after it overwrote this run's epochs. The checkpoint's
+        folder is created here (as the CLI creates --out), so a missing one is not found after an epoch."""
+        if not (self.checkpoint_path and self._writes):
+            return nullcontext()
+        Path(self.checkpoint_path).parent.mkdir(parents=True, exist_ok=True)
+        return checkpoint_lock(self.checkpoint_path)
 
     def evaluate(self, dataset: ArrayDataset) -> dict:
         """Loss, top-1 and (with >= 5 classes) top-5 accuracy on a dataset, in eval mode."""
