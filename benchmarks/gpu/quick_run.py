@@ -10,7 +10,8 @@ this order, inside the budget:
     the time left) -> breakdown resnet18-cifar: one process each, one after another
 
 A unit whose process dies (a sticky CUDA error, a signal) or runs past its timeout is recorded with why;
-the next unit starts in a fresh process with a fresh context."""
+the next unit starts in a fresh process with a fresh context. The full run (full_run.py) uses the same
+pieces: ``prepare`` (warm-up, preflight, tiles) and ``run_in_turn`` (units one after another in the budget)."""
 import os
 import tempfile
 from dataclasses import dataclass
