@@ -3,9 +3,11 @@
 Run from the repository root: ``python -m benchmarks.gpu.check --help``; the whole first run is
 ``bash benchmarks/gpu/first_run.sh OUT_DIR`` (docs/gpu-runbook.md). Modules:
 
-    check         the command line (versions, preflight, the --quick units or the full run, the summary)
+    check         the command line (versions, the --quick run or the full run, the summary)
+    quick_run     --quick on a GPU, and what both runs share: warm-up, checks, units run in turn
+    full_run      the full run on a GPU; units: the units as they run in their own process
     protocol      records (JSON Lines), units, the versions record, the per-kernel breakdown, the paste line
-    isolate       each first launch in a spawned subprocess with its own timeout
+    isolate       each unit in a spawned subprocess with its own timeout (with or without --quick)
     budget        the run's time budget (an injected clock) and the --quick estimate
     preflight     GPU-only assumptions, each alone; tile_cases: every GPU tile x direction on the device
     quick         the --quick units; dry: the --dry-run; static: --static (ptxas figures)

@@ -1,5 +1,5 @@
 """``benchmarks.gpu.check --quick``: the first run on a short-lived GPU. On a GPU its units run each in
-their own process (quick_run.py, quick_units.py); this module holds what both sides share: the models,
+their own process (quick_run.py, units.py); this module holds what both sides share: the models,
 the versions unit, the breakdown of one step, the summary line, and the ``--dry-run --quick`` units on
 the CPU (every kernel compiled to PTX, the plans compiled and the steps recorded as the executor does,
 the breakdown over the recorded step with stand-in events) and the estimate of the GPU run
@@ -194,7 +194,7 @@ def _child_start():
     import sys
     from .isolate import REPO
     before = _children_cpu()
-    subprocess.run([sys.executable, "-c", "import benchmarks.gpu.quick_units, benchmarks.gpu.tile_cases, cpu_ref, "
+    subprocess.run([sys.executable, "-c", "import benchmarks.gpu.units, benchmarks.gpu.tile_cases, cpu_ref, "
                     "cuda_kernels"], cwd=REPO, check=True, timeout=300)
     seconds = _children_cpu() - before
     print(f"  a unit's process: start-up and imports {seconds:.1f} CPU s here")

@@ -10,15 +10,18 @@ this order, inside the budget:
     the time left) -> breakdown resnet18-cifar: one process each, one after another
 
 A unit whose process dies (a sticky CUDA error, a signal) or runs past its timeout is recorded with why;
-the next unit starts in a fresh process with a fresh context."""
+the next unit starts in a fresh process with a fresh context. The full run (full_run.py) uses the same
+pieces: ``prepare`` (warm-up, preflight, tiles) and ``run_in_turn`` (units one after another in the budget)."""
 import os
 import tempfile
+from dataclasses import dataclass
+from typing import Callable
 
 from . import quick
 from .isolate import UnitCall, run_isolated, run_many
 from .tile_cases import CASES, excluded_tiles
 
-UNITS = "benchmarks.gpu.quick_units"
+UNITS = "benchmarks.gpu.units"
 PARALLEL = max(1, min(12, (os.cpu_count() or 2) - 2))   # side-by-side processes (JIT is CPU-bound)
 COMPILE_TIMEOUT_S, CHECK_TIMEOUT_S = 240.0, 90.0
 STEP_TIMEOUT_S = {"step-check": 120.0, "graph-vs-eager": 90.0, "step-timing": 200.0, "breakdown": 60.0}
@@ -116,40 +119,101 @@ def run_checks(out, failures, runner, env, tile_names=None, check_names=None):
     return excluded
 
 
+def prepare(out, failures, runner, env, warmup_names=None, tile_names=None, check_names=None):
+    """The warm-up, the preflight checks and the tile cases (``run_warmup``, ``run_checks``); the environment of
+    every later unit (the kernel cache only read, the failed tiles excluded) and the excluded tiles."""
+    env = cache_env(env)
+    run_warmup(out, failures, runner, env, warmup_names)
+    excluded = run_checks(out, failures, runner, env, tile_names, check_names)
+    return dict(env, BLUEPRINT_CUDA_CACHE="read", BLUEPRINT_MMA_EXCLUDE=excluded), excluded
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A unit run in its turn: ``call(seconds left)`` is its ``UnitCall``; it starts only with ``need_s`` of
+    the budget left (else it is recorded not run: a NOT RUN line, or a note if ``optional``);
+    ``record(out, outcome, **extra)`` writes its records (default: one, of what the unit returned)."""
+    name: str
+    need_s: float
+    call: Callable
+    record: Callable = None
+    optional: bool = False
+
+
+def run_in_turn(out, turns, budget, failures, skipped, notes, runner, env, **extra):
+    """Each turn's unit in its own process (``runner``), one after another, while the budget allows; a unit
+    that crashes or times out is recorded with why and the next one runs. ``extra``: fields of every record.
+    Returns ``{name: UnitOutcome}`` of the units that ran."""
+    outcomes = {}
+    for turn in turns:
+        refused = notes if turn.optional else skipped
+        if not budget.allows(turn.need_s, turn.name, refused):
+            out.write(turn.name, "not-run", reason=refused[-1])
+            continue
+        outcome = outcomes[turn.name] = runner(turn.call(budget.left()), env)
+        _merge(outcome, failures, skipped, notes)
+        (turn.record or _write)(out, outcome, **extra)
+    return outcomes
+
+
+def write_timing(out, outcome, **extra):
+    """A step-timing unit's record: its row's columns as fields (torch.compile's has a record of its own)."""
+    row = outcome.result.get("row", {})
+    out.write(outcome.name, outcome.status, outcome.seconds, error=outcome.error, **extra,
+              **_fields({k: v for k, v in row.items() if k != "torch.compile"}))
+
+
+def write_torch_compile(out, name, compiled, seconds=0.0):
+    out.write(name, "ok" if "seconds" in compiled else "not-run", seconds, **_fields(compiled))
+
+
+def _write_quick_timing(out, outcome, **extra):
+    write_timing(out, outcome, **extra)
+    compiled = outcome.result.get("row", {}).get("torch.compile", {"error": "not tried: too little of the budget "
+                                                                            "left"})
+    write_torch_compile(out, f"torch.compile {quick.QUICK_TIMING.name}", compiled)
+
+
+def bounded(timeout_s, left):
+    """A unit's timeout: its own, cut to the budget left (at least a second)."""
+    return min(timeout_s, max(left, 1.0))
+
+
+def quick_turns():
+    """step-check, graph-vs-eager, step-timing (+ torch.compile with the time left), breakdown; the --quick
+    models are read here (tests replace them)."""
+    def turn(key, model, function, record=None):
+        name = f"{key} {model.name}"
+
+        def call(left):
+            if key != "step-timing":
+                return UnitCall(name, UNITS, function, {}, bounded(STEP_TIMEOUT_S[key], left))
+            timeout = max(1.0, left - BREAKDOWN_RESERVE_S)
+            return UnitCall(name, UNITS, function, {"seconds_left": timeout, "compile_torch": timeout >=
+                                                    TORCH_COMPILE_NEED_S + STEP_NEED_S[key]}, timeout)
+        return Turn(name, STEP_NEED_S[key], call, record)
+    return [turn("step-check", quick.QUICK_CHECK, "step_check"),
+            turn("graph-vs-eager", quick.QUICK_REPLAY, "graph_vs_eager"),
+            turn("step-timing", quick.QUICK_TIMING, "step_timing", _write_quick_timing),
+            turn("breakdown", quick.QUICK_TIMING, "breakdown")]
+
+
+def summary_of(outcomes, check_name, timing_name):
+    """The paste line's values from the step-check and step-timing outcomes (those that ran)."""
+    summary = {}
+    if "max_err" in getattr(outcomes.get(check_name), "result", {}):
+        summary["max_err"] = outcomes[check_name].result["max_err"]
+    if timing_name in outcomes:
+        summary.update(quick.timing_summary(outcomes[timing_name].result.get("row", {})))
+    return summary
+
+
 def run_quick(out, budget, failures, skipped, notes, runner=run_isolated, env=None, warmup_names=None,
               tile_names=None, check_names=None):
     """The --quick units on the GPU (each in its own process by ``runner``); the summary (paste line) fields.
     ``warmup_names`` / ``tile_names`` / ``check_names``: the kernels to compile, the tile cases and the preflight
     checks (default: all)."""
-    env = cache_env(env)
-    summary = {}
-    run_warmup(out, failures, runner, env, warmup_names)
-    excluded = run_checks(out, failures, runner, env, tile_names, check_names)
-    env = dict(env, BLUEPRINT_CUDA_CACHE="read", BLUEPRINT_MMA_EXCLUDE=excluded)
-    for key, model, function in (("step-check", quick.QUICK_CHECK, "step_check"),
-                                 ("graph-vs-eager", quick.QUICK_REPLAY, "graph_vs_eager"),
-                                 ("step-timing", quick.QUICK_TIMING, "step_timing"),
-                                 ("breakdown", quick.QUICK_TIMING, "breakdown")):
-        name = f"{key} {model.name}"
-        if not budget.allows(STEP_NEED_S[key], name, skipped):
-            out.write(name, "not-run", reason=skipped[-1])
-            continue
-        kwargs, timeout = {}, min(STEP_TIMEOUT_S[key], max(budget.left(), 1.0))
-        if key == "step-timing":
-            timeout = max(1.0, budget.left() - BREAKDOWN_RESERVE_S)
-            kwargs = {"seconds_left": timeout, "compile_torch": timeout >= TORCH_COMPILE_NEED_S + STEP_NEED_S[key]}
-        outcome = runner(UnitCall(name, UNITS, function, kwargs, timeout), env)
-        _merge(outcome, failures, skipped, notes)
-        if key == "step-timing":
-            row = outcome.result.get("row", {})
-            out.write(name, outcome.status, outcome.seconds, excluded_tiles=excluded, error=outcome.error,
-                      **_fields({k: v for k, v in row.items() if k != "torch.compile"}))
-            compiled = row.get("torch.compile", {"error": "not tried: too little of the budget left"})
-            out.write(f"torch.compile {model.name}", "ok" if "seconds" in compiled else "not-run",
-                      **_fields(compiled))
-            summary.update(quick.timing_summary(row))
-            continue
-        _write(out, outcome, excluded_tiles=excluded)
-        if key == "step-check" and "max_err" in outcome.result:
-            summary["max_err"] = outcome.result["max_err"]
-    return summary
+    env, excluded = prepare(out, failures, runner, env, warmup_names, tile_names, check_names)
+    turns = quick_turns()
+    outcomes = run_in_turn(out, turns, budget, failures, skipped, notes, runner, env, excluded_tiles=excluded)
+    return summary_of(outcomes, turns[0].name, turns[2].name)

@@ -78,7 +78,7 @@ def main(out_dir):
         from .quick_run import PARALLEL, warmup_groups
         env = dict(os.environ, NUMBA_CACHE_DIR=os.environ.get("NUMBA_CACHE_DIR") or tempfile.mkdtemp(),
                    BLUEPRINT_CUDA_CACHE="1", BLUEPRINT_PURE_PYTHON="1")
-        calls = [UnitCall(f"compile {i}", "benchmarks.gpu.quick_units", "compile_kernels", {"names": g}, 240)
+        calls = [UnitCall(f"compile {i}", "benchmarks.gpu.units", "compile_kernels", {"names": g}, 240)
                  for i, g in enumerate(warmup_groups(case_kernels(), PARALLEL))]
         compiled = run_many(calls, parallel=PARALLEL, env=env)
         records.append({"unit": "compile", "status": "ok" if all(o.status == "ok" for o in compiled) else "failed",

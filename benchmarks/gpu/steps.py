@@ -1,42 +1,23 @@
-"""The step-check and step-replay sections of the GPU check: a whole training step on the GPU
-against the fp32 CPU path, and CUDA graph replay against eager replay over several steps."""
+"""The step-check and step-replay units of the GPU check, one model each (``units.step_check`` and
+``units.graph_vs_eager`` run them in a process of their own): a whole training step on the GPU against
+the fp32 CPU path, and CUDA graph replay against eager replay over several steps."""
 import math
-import time
 
 import numpy as np
 
-from .step_common import (CHECK_LR, CHECK_SCALES, GRAD_TOL, LOSS_TOL, MOMENTUM, NORM_FLOOR, REPLAY_LOSS_TOL,
-                               REPLAY_SCALE, REPLAY_STATE_TOL, REPLAY_STEPS, SECTION_RESERVE_S, compile_step_plan,
-                               relative, relative_errors, release_device_memory, report_crash, sgd, step_batches,
+from .step_common import (CHECK_LR, CHECK_SCALES, GRAD_TOL, LOSS_TOL, REPLAY_LOSS_TOL,
+                               REPLAY_SCALE, REPLAY_STATE_TOL, REPLAY_STEPS, compile_step_plan,
+                               relative, relative_errors, release_device_memory, sgd, step_batches,
                                train_runner, worst)
 
 
 # ---- step-check: fused AMP on the GPU vs fp32 on the CPU, from the same weights
 
-def step_check(models, budget, failures, skipped):
-    """First training step of each model: CudaExecutor (fused AMP plan) against CpuExecutor (fp32
-    unfused plan) from the same weights and batch. Loss within LOSS_TOL relative; gradients,
-    parameter updates and BN running statistics within GRAD_TOL (per tensor, 2-norm of the
-    difference relative to the tensor's norm, floored at NORM_FLOOR of the largest norm)."""
-    from cpu_ref import CpuExecutor
-    from cuda_kernels import CudaExecutor
-    results = []
-    print(f"  tolerances: loss {LOSS_TOL:g} relative; per tensor |diff|_2 <= {GRAD_TOL:g} x max(|ref|_2, "
-          f"{NORM_FLOOR:g} x largest |ref|_2); SGD momentum {MOMENTUM}, lr {CHECK_LR}")
-    for model in models:
-        if not budget.allows(SECTION_RESERVE_S, f"step-check {model.name}", skipped):
-            continue
-        started = time.time()
-        try:
-            results.append(step_check_one(model, CpuExecutor, CudaExecutor, failures))
-        except Exception as error:
-            report_crash(f"step-check {model.name}", error, failures)
-        release_device_memory()
-        print(f"    ({time.time() - started:.1f} s)")
-    return results
-
-
 def step_check_one(model, CpuExecutor, CudaExecutor, failures):
+    """The first training step of ``model``: CudaExecutor (fused AMP plan) against CpuExecutor (fp32 unfused
+    plan) from the same weights and batch. Loss within LOSS_TOL relative; gradients, parameter updates and BN
+    running statistics within GRAD_TOL (per tensor, 2-norm of the difference relative to the tensor's norm,
+    floored at NORM_FLOOR of the largest norm)."""
     print(f"  {model.label}: {model.about}")
     plan, reference_plan = compile_step_plan(model), compile_step_plan(model, fuse=False, amp=False)
     (x, y), = step_batches(model, 1)
@@ -101,27 +82,10 @@ def step_check_one(model, CpuExecutor, CudaExecutor, failures):
 
 # ---- step-replay: one captured graph per step equals the eager tape
 
-def step_replay(models, budget, failures, skipped):
-    """Three executors from the same weights (graph replay, eager, eager again) take REPLAY_STEPS
-    steps on the same batches. Graph vs eager: losses within REPLAY_LOSS_TOL relative (bitwise
-    equal but for the order of fp32 atomics), state_dicts within REPLAY_STATE_TOL; eager vs eager
-    shows how much of the difference the atomics alone make."""
-    from cuda_kernels import CudaExecutor
-    results = []
-    for model in models:
-        if not budget.allows(SECTION_RESERVE_S, f"step-replay {model.name}", skipped):
-            continue
-        started = time.time()
-        try:
-            results.append(step_replay_one(model, CudaExecutor, failures))
-        except Exception as error:
-            report_crash(f"step-replay {model.name}", error, failures)
-        release_device_memory()
-        print(f"    ({time.time() - started:.1f} s)")
-    return results
-
-
 def step_replay_one(model, CudaExecutor, failures):
+    """Three executors from the same weights (graph replay, eager, eager again) take REPLAY_STEPS steps on the
+    same batches. Graph vs eager: losses within REPLAY_LOSS_TOL relative (bitwise equal but for the order of
+    fp32 atomics), state_dicts within REPLAY_STATE_TOL; eager vs eager shows how much the atomics alone make."""
     print(f"  {model.label}: {model.about}; {REPLAY_STEPS} steps, loss scale starts at 2^{math.log2(REPLAY_SCALE):.0f}")
     plan = compile_step_plan(model)
     modes = {"graph": "graph", "eager": "eager", "eager again": "eager"}

@@ -175,7 +175,7 @@ def test_sigterm_records_the_running_unit_as_interrupted_and_stops_the_run(tmp_p
 
 
 @pytest.mark.parametrize("mode", [["--quick"], []], ids=["quick", "full"])
-def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(tmp_path, monkeypatch, mode):
+def test_main_writes_the_summary_when_interrupted(tmp_path, monkeypatch, mode):
     from benchmarks.gpu import check as gpu_check
 
     def first_section(out, failures):
@@ -184,18 +184,14 @@ def test_main_runs_the_preflight_first_and_writes_the_summary_when_interrupted(t
             raise Interrupted("SIGTERM received (stand-in)")
     monkeypatch.setattr(gpu_check.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_check, "write_versions", lambda out, failures: out.write("versions", "ok"))
-    monkeypatch.setattr(gpu_check, "preflight", lambda out, failures: out.write("preflight", "ok"))
     monkeypatch.setattr(gpu_check, "run_quick", lambda out, budget, failures, *rest: first_section(out, failures))
-    monkeypatch.setattr(gpu_check, "new_stream", lambda: "stream")
-    monkeypatch.setattr(gpu_check, "run_kernel_sections", lambda only, stream, failures, out: first_section(out,
-                                                                                                            failures))
+    monkeypatch.setattr(gpu_check, "run_full", lambda out, only, budget, failures, *rest: first_section(out, failures))
     monkeypatch.setattr(signal, "signal", lambda *args: None)   # main's SIGTERM handler: not in the test process
     status = gpu_check.main(mode + ["--json", str(tmp_path / "q.jsonl")])
     records = _records(tmp_path / "q.jsonl")
     assert status == 1
-    # --quick runs its preflight inside run_quick (quick_run.py: each check in its own process, after the warm-up)
-    preflight = [] if mode == ["--quick"] else [("preflight", "ok")]
-    assert [(r["unit"], r["status"]) for r in records] == [("versions", "ok"), *preflight, ("compile", "ok"),
+    # both run their preflight inside run_quick / run_full (each check in its own process, after the warm-up)
+    assert [(r["unit"], r["status"]) for r in records] == [("versions", "ok"), ("compile", "ok"),
                                                            ("step-check tiny", "interrupted"),
                                                            ("summary", "interrupted")]
     assert records[-1]["verdict"] == "INTERRUPTED: Interrupted: SIGTERM received (stand-in)"
