@@ -281,6 +281,26 @@ def test_train_file_system_faults_are_one_error_line(tmp_path, capsys, monkeypat
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+ENDED_WITHIN_S = 150   # generous: only whether the run ended decides, never how fast
+
+
+@NEEDS_TORCH
+def test_a_rank_whose_master_never_answers_is_one_error_line(tmp_path, busy_port):
+    """Rank 1 of a run another launcher started, whose MASTER_ADDR:MASTER_PORT accepts and never answers: torch's
+    store client blocks past its own timeout; the process-group start's watchdog ends the run with one line.
+    A subprocess: the watchdog ends the whole process."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(busy_port)}
+    done = subprocess.run([sys.executable, "-m", "blueprint", *QUICK, "--timeout", "2", "--out", str(tmp_path / "run")],
+                          env=environment, capture_output=True, text=True, timeout=ENDED_WITHIN_S, cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert lines[0].startswith(f"error: rank 1 of 2: the process group at MASTER_ADDR:MASTER_PORT 127.0.0.1:{busy_port} "
+                               "did not start within the timeout of 2 s: rank 0 (the master) did not answer there"), lines[0]
+    assert lines[0].endswith("or raise the timeout (blueprint train --timeout, distributed(timeout_s=...))")
+    assert not (tmp_path / "run").exists()
+
+
 def _tiny_task(labels=None):
     from blueprint import BluePrint, conv, fc, gap, relu, seq
     from blueprint.optim import SGD
