@@ -8,9 +8,9 @@ Several machines: the same command on each with ``--nnodes M --rdzv-endpoint HOS
 (torchrun's c10d rendezvous; ``--rdzv-id`` names the job).
 
 The rendezvous is bounded by ``--rdzv-timeout``: torchrun's own join and store timeouts are set to it,
-and a watchdog ends the launcher one grace period later if the rendezvous has still not completed,
-because a connection to an endpoint that accepts but never answers blocks inside torch past every
-timeout of its own. Either way the launcher prints one ``error:`` line and exits with status 2.
+and a watchdog (`blueprint._watchdog`) ends the launcher one grace period later if the rendezvous has still
+not completed, because a connection to an endpoint that accepts but never answers blocks inside torch past
+every timeout of its own. Either way the launcher prints one ``error:`` line and exits with status 2.
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ import sys
 import threading
 
 from blueprint._model_source import CliError
+from blueprint._watchdog import watch
 
 #: The launch options: they configure the launcher and are not passed on to the workers.
 LAUNCH_OPTIONS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout")
 TORCHRUN_ENVIRONMENT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_RDZV_TIMEOUT_S = 600       # torchrun's own default join timeout
-WATCHDOG_GRACE_S = 5               # torchrun's own timeouts fire first where they can (their message is the same)
-EXIT_RENDEZVOUS_FAILED = 2         # a user error, as blueprint.cli reports a CliError
 #: torchrun's c10d rendezvous, registered under this name with `_watched_c10d` so the watchdog learns when
 #: the rendezvous completed.
 WATCHED_BACKEND = "blueprint-c10d"
@@ -106,7 +105,8 @@ def launch_workers(command, args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")    # the workers share the cores (numba: see Distributed.start)
     rendezvous.rendezvous_handler_registry.register(WATCHED_BACKEND, _watched_c10d)
     if args.rdzv_endpoint is not None:
-        threading.Thread(target=_watch_rendezvous, args=(args,), daemon=True).start()
+        # os._exit at the deadline: the main thread is blocked inside torch, and no worker was started yet
+        watch(_rendezvous_done, args.rdzv_timeout, lambda: rendezvous_failed(args))
     try:
         torchrun(launcher_arguments(args, worker_arguments(command, args)))
     except ChildFailedError as error:
@@ -128,13 +128,6 @@ def rendezvous_failed(args, cause: Exception | None = None) -> str:
             f"{args.rdzv_timeout:g} s{why}: no rendezvous answered there, or not every one of the --nnodes "
             f"{args.nnodes} machines joined. Start the same command on every machine with the same --rdzv-endpoint "
             "(a free port on the first machine, reachable from the others), or raise --rdzv-timeout")
-
-
-def _watch_rendezvous(args) -> None:
-    """End the launcher with one error line if the rendezvous has not completed in time (see the header)."""
-    if not _rendezvous_done.wait(args.rdzv_timeout + WATCHDOG_GRACE_S):
-        print("error: " + rendezvous_failed(args), file=sys.stderr, flush=True)
-        os._exit(EXIT_RENDEZVOUS_FAILED)   # the main thread is blocked inside torch; no worker was started yet
 
 
 def _watched_c10d(params):

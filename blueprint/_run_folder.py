@@ -78,8 +78,14 @@ def _remove_if_empty(created: list[Path]) -> None:
 
 def append_history(folder: Path, run_id: str, record: dict) -> None:
     """One epoch's line, tagged with the run; appended, never truncating earlier runs."""
-    with open(Path(folder) / HISTORY_NAME, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"run": run_id, **record}) + "\n")
+    path = Path(folder) / HISTORY_NAME
+    try:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"run": run_id, **record}) + "\n")
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error   # a write's error (a full disk) names no file
 
 
 def restore_history(folder: Path, run_id: str, records: list[dict]) -> list[int]:

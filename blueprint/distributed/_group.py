@@ -11,7 +11,9 @@ which starts the workers through torch's own launcher) sets: ``RANK``, ``WORLD_S
 Every collective works in place on numpy memory through a zero-copy `torch.from_numpy` view, so the
 arena's gradient region is summed where it lies. A collective that fails (a peer process died, or
 did not answer within the timeout) raises `DistributedError` naming this rank, the collective and
-what to look for; it never hangs longer than the timeout.
+what to look for; it never hangs longer than the timeout. Starting the group is bounded by the same
+timeout: a rank whose master (rank 0 at ``MASTER_ADDR:MASTER_PORT``) never answers, which blocks inside
+torch past its own timeouts, is ended by a watchdog (`blueprint._watchdog`) with one ``error:`` line.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from datetime import timedelta
 import numpy as np
 
 from blueprint._errors import ConfigError
+from blueprint._watchdog import deadline
 
 BACKEND = "gloo"
 DEFAULT_TIMEOUT_S = 300.0       # a collective that waits longer than this ends the run
@@ -104,16 +107,25 @@ class Distributed:
                                   f"{self.world_size}; use Distributed.from_environment()")
             return
         _share_cores()
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         try:
-            dist.init_process_group(BACKEND, rank=self.rank, world_size=self.world_size,
-                                    timeout=timedelta(seconds=self.timeout_s))
+            # os._exit at the deadline (see blueprint._watchdog): no group, so no training state, exists yet
+            with deadline(self.timeout_s, lambda: self._start_timed_out(where)):
+                dist.init_process_group(BACKEND, rank=self.rank, world_size=self.world_size,
+                                        timeout=timedelta(seconds=self.timeout_s))
         except dist.DistNetworkError as error:   # rank 0 cannot listen on MASTER_PORT, or a rank cannot reach it
-            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
             raise ConfigError(f"rank {self.rank} of {self.world_size}: the process group's store at MASTER_ADDR:"
                               f"MASTER_PORT {where} failed ({' '.join(str(error).split())[:200]}); another process "
                               "holds that port, or rank 0 is not listening there. Free the port or pick another "
                               "MASTER_PORT (the same for every rank)") from None
         atexit.register(_leave, dist)   # gloo aborts the interpreter's exit if its group is still up
+
+    def _start_timed_out(self, where: str) -> str:
+        return (f"rank {self.rank} of {self.world_size}: the process group at MASTER_ADDR:MASTER_PORT {where} did "
+                f"not start within the timeout of {self.timeout_s:g} s: rank 0 (the master) did not answer there, or "
+                f"not every one of the {self.world_size} ranks joined. Start rank 0 with the same MASTER_ADDR and "
+                "MASTER_PORT, check that this machine reaches that address, or raise the timeout (blueprint train "
+                "--timeout, distributed(timeout_s=...))")
 
     def stop(self) -> None:
         """Leave the process group: the other ranks' pending and next collectives fail at once (a closed

@@ -144,9 +144,11 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
             os.fsync(handle.fileno())
         os.chmod(temporary, CHECKPOINT_MODE)  # mkstemp makes 0600; a checkpoint is an ordinary file
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.filename is None:   # a write's error (a full disk) names no file
+            raise OSError(error.errno, error.strerror, str(path)) from error
         raise
     _fsync_folder(folder)
 

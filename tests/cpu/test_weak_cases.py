@@ -1,10 +1,14 @@
 """Issue 24, the weak cases: each mistake (of a user, a disk, a crafted file or the launch environment) is
 one `error:` line on stderr and exit status 2 through the CLI, or one ValueError/ConfigError from the API;
-never a traceback. Two tables: the CLI's (name, the command line, a fragment of the message, the
-environment) and the API's (name, the call, the error, a pattern of its message)."""
+never a traceback. Three tables: the CLI's (name, the command line, a fragment of the message, the
+environment), the file-system faults of `blueprint train` (name, the fault, a fragment of the message, what the
+run folder keeps) and the API's (name, the call, the error, a pattern of its message)."""
+import errno
 import importlib.util
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +21,7 @@ import pytest
 
 from blueprint.cli import main
 from blueprint import ConfigError
+from blueprint import _run_folder
 from blueprint.task import _checkpoint
 from blueprint.task import load_checkpoint, save_checkpoint
 
@@ -166,6 +171,134 @@ def test_cli_weak_cases_are_one_error_line(tmp_path, trained, capsys, monkeypatc
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[-1500:]
     assert case.fragment in lines[0]
+
+
+class _RefusingFile:
+    """A file whose writes fail as a full disk's or a read-only file system's do: OSError(code), no file name
+    (a write's error names none), nothing written."""
+
+    def __init__(self, handle, code: int):
+        self._handle, self._code = handle, code
+
+    def write(self, data):
+        raise OSError(self._code, os.strerror(self._code))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self._handle.close()
+
+
+def _in(folder: Path, path) -> bool:
+    return Path(path).resolve().parent == folder.resolve()
+
+
+def _checkpoint_write_fails(nth: int, code: int):
+    """The ``nth`` checkpoint save into the run folder fails at its first write (the saver writes its temporary
+    file through os.fdopen)."""
+    def install(monkeypatch, out: Path):
+        saves, fdopen = itertools.count(1), os.fdopen
+
+        def refusing_fdopen(descriptor, *args, **kwargs):
+            handle = fdopen(descriptor, *args, **kwargs)
+            if _in(out, os.readlink(f"/proc/self/fd/{descriptor}")) and next(saves) == nth:
+                return _RefusingFile(handle, code)
+            return handle
+        monkeypatch.setattr(os, "fdopen", refusing_fdopen)
+    return install
+
+
+def _history_write_fails(nth: int, code: int):
+    """The ``nth`` append to OUT/history.jsonl fails at its write."""
+    def install(monkeypatch, out: Path):
+        appends = itertools.count(1)
+
+        def refusing_open(path, *args, **kwargs):
+            handle = open(path, *args, **kwargs)
+            return _RefusingFile(handle, code) if next(appends) == nth else handle
+        monkeypatch.setattr(_run_folder, "open", refusing_open, raising=False)
+    return install
+
+
+def _read_only(monkeypatch, out: Path):
+    """Every open for writing in the run folder fails as on a read-only file system (the first is the run's lock;
+    root ignores chmod and mounting is not ours to do, so the file system's answer is imitated)."""
+    os_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and _in(out, path):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return os_open(path, flags, *args, **kwargs)
+    monkeypatch.setattr(os, "open", refusing_open)
+
+
+class FaultCase(NamedTuple):
+    name: str
+    install: Callable         # (monkeypatch, the run folder) -> None: makes a write of the run fail
+    pattern: str              # of the error line
+    earlier_run: bool         # OUT holds an earlier 1-epoch run, which must stay byte for byte; else OUT is new
+    epochs_kept: int          # the epochs the run folder's checkpoint holds afterwards
+    history_lines: int        # the lines history.jsonl holds afterwards
+
+
+FAULT_CASES = [   # the run trains 2 epochs; each epoch saves the checkpoint, then appends its history line
+    FaultCase("disk full at the second checkpoint save", _checkpoint_write_fails(2, errno.ENOSPC),
+              r"No space left on device \(\S+/run/checkpoint\.safetensors\); nothing of the previous checkpoint was lost",
+              False, 1, 1),
+    FaultCase("disk full at the second history line", _history_write_fails(2, errno.ENOSPC),
+              r"No space left on device \(\S+/run/history\.jsonl\); nothing of the previous checkpoint was lost",
+              False, 2, 1),
+    FaultCase("read-only run folder", _read_only, r"Read-only file system \(\S+/run/\.lock\)", True, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", FAULT_CASES, ids=[c.name for c in FAULT_CASES])
+def test_train_file_system_faults_are_one_error_line(tmp_path, capsys, monkeypatch, case):
+    """A full disk or a read-only run folder in the middle of `blueprint train`: one error line, exit 2, and the
+    run folder keeps a loadable checkpoint and whole history lines (the last written before the fault)."""
+    out = tmp_path / "run"
+    if case.earlier_run:
+        assert main(QUICK + ["--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if case.earlier_run else None
+    capsys.readouterr()
+    case.install(monkeypatch, out)
+    status = main(["train", "--epochs", "2", "--batch-size", "1024", "--quiet", "--out", str(out)])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err[-1500:]
+    assert re.search(case.pattern, lines[0]), lines[0]
+    _, state = load_checkpoint(out / "checkpoint.safetensors")
+    assert state["epochs_done"] == case.epochs_kept
+    history = (out / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in history] == list(range(1, case.history_lines + 1))
+    assert not [p.name for p in out.iterdir() if p.name.endswith((".tmp", ".lock"))]   # nothing left behind
+    if case.earlier_run:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+ENDED_WITHIN_S = 150   # generous: only whether the run ended decides, never how fast
+
+
+@NEEDS_TORCH
+def test_a_rank_whose_master_never_answers_is_one_error_line(tmp_path, busy_port):
+    """Rank 1 of a run another launcher started, whose MASTER_ADDR:MASTER_PORT accepts and never answers: torch's
+    store client blocks past its own timeout; the process-group start's watchdog ends the run with one line.
+    A subprocess: the watchdog ends the whole process."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(busy_port)}
+    done = subprocess.run([sys.executable, "-m", "blueprint", *QUICK, "--timeout", "2", "--out", str(tmp_path / "run")],
+                          env=environment, capture_output=True, text=True, timeout=ENDED_WITHIN_S, cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert lines[0].startswith(f"error: rank 1 of 2: the process group at MASTER_ADDR:MASTER_PORT 127.0.0.1:{busy_port} "
+                               "did not start within the timeout of 2 s: rank 0 (the master) did not answer there"), lines[0]
+    assert lines[0].endswith("or raise the timeout (blueprint train --timeout, distributed(timeout_s=...))")
+    assert not (tmp_path / "run").exists()
 
 
 def _tiny_task(labels=None):
