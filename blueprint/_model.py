@@ -252,13 +252,13 @@ class Model:
             return self._executors[batch] if batch in self._executors else self._new_executor(batch)
 
     def _new_executor(self, batch: int):
-        from cpu_ref import CpuExecutor
         from planner import ArchPlan
         from planner.compiler import Compiler
 
         h, w, c = self.spec.sample_shape
         arch = ArchPlan.from_blueprint(self.blueprint, in_channels=c, fuse=False, amp=False)
         plan = Compiler(arch).compile({"eval": (batch, h, w, c)}, training=False)
+        from cpu_ref import CpuExecutor   # after planning: a model the planner refuses needs no kernels (nor numba)
         executor = CpuExecutor(plan, seed=self.seed)
         if self._executors:
             executor.load_state_dict(self._weights)
