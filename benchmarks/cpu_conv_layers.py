@@ -61,7 +61,7 @@ def _median_seconds(fn, reps: int) -> float:
 def _ours(conv: dict, n: int):
     import numpy as np
 
-    from cpu_ref._conv import conv_output_size
+    from planner.reference import conv_output_size
     from cpu_ref.kernels import conv2d_backward, conv2d_forward
     k, s, p = conv["k"], conv["stride"], conv["pad"]
     oh, ow = conv_output_size(conv["h"], k, s, p), conv_output_size(conv["w"], k, s, p)

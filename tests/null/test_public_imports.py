@@ -36,7 +36,7 @@ ALLOWED = {
     "blueprint.task.data._sources": "the CIFAR file names the downloader expects",
     "cpu_ref._activation": "the CPU activation kernels' generated source and its fingerprint (numba's cache key)",
     "cpu_ref._blas": "white-box CPU kernel tests",
-    "cpu_ref._conv": "white-box CPU kernel tests; cpu_conv_layers times the same convolutions",
+    "cpu_ref._conv": "white-box CPU kernel tests",
     "cpu_ref._conv_direct": "white-box CPU kernel tests",
     "cpu_ref._misc": "white-box CPU kernel tests",
     "cpu_ref._table": "the CPU path's op table, checked against the registry",
