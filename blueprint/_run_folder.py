@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from blueprint._file_lock import LockHeld, acquire_lock, release_lock
+from blueprint.task._checkpoint import name_the_file
 
 LOCK_NAME = ".lock"
 HISTORY_NAME = "history.jsonl"
@@ -83,9 +84,8 @@ def append_history(folder: Path, run_id: str, record: dict) -> None:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"run": run_id, **record}) + "\n")
     except OSError as error:
-        if error.filename is not None:
-            raise
-        raise OSError(error.errno, error.strerror, str(path)) from error   # a write's error (a full disk) names no file
+        name_the_file(error, path)
+        raise
 
 
 def restore_history(folder: Path, run_id: str, records: list[dict]) -> list[int]:

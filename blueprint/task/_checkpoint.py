@@ -130,9 +130,7 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
     header["__metadata__"][HEADER_DIGEST_KEY] = _header_digest(header)
     header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
     header_bytes += b" " * (-len(header_bytes) % HEADER_ALIGNMENT)
-    folder = path.parent
-    if not folder.is_dir():
-        raise FileNotFoundError(f"save_checkpoint: folder {folder} for {path.name} does not exist; create it first.")
+    folder = _existing_folder(path)
     _remove_orphans(folder, path.name)
     descriptor, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -147,8 +145,8 @@ def save_checkpoint(path, tensors: dict[str, np.ndarray], state: dict) -> None:
     except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
-        if isinstance(error, OSError) and error.filename is None:   # a write's error (a full disk) names no file
-            raise OSError(error.errno, error.strerror, str(path)) from error
+        if isinstance(error, OSError):
+            name_the_file(error, path)
         raise
     _fsync_folder(folder)
 
@@ -158,16 +156,28 @@ def checkpoint_lock(path):
     """Hold the lock of checkpoint ``path`` for the ``with`` block: a ConfigError naming the holder's pid if
     another process holds it (re-entrant within this process)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"save_checkpoint: folder {path.parent} for {path.name} does not exist; create it "
-                                "first.")
     try:
-        with process_lock(path.parent / f".{path.name}.lock"):
+        with process_lock(_existing_folder(path) / f".{path.name}.lock"):
             yield
     except LockHeld as held:
         raise ConfigError(f"checkpoint {path} is being written by another process (pid {held.holder}): two runs "
                           "saving to one path would overwrite each other. Wait for it to finish, or give this run "
                           "another checkpoint path") from None
+
+
+def _existing_folder(path: Path) -> Path:
+    """The folder of checkpoint ``path``, which must exist (a save never creates folders)."""
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"save_checkpoint: folder {path.parent} for {path.name} does not exist; create it "
+                                "first.")
+    return path.parent
+
+
+def name_the_file(error: OSError, path) -> None:
+    """Make ``error`` name ``path`` where it names no file: a failed write (e.g. on a full disk) names none,
+    and the one-line error must say which file it could not write."""
+    if error.filename is None:
+        error.filename = str(path)
 
 
 def _split(payload: memoryview) -> tuple[dict, memoryview]:
