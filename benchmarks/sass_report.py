@@ -1,6 +1,6 @@
 """The SASS report: what every tensor-core kernel's main loop executes, read from compiled code (no GPU).
 
-    python -m benchmarks.sass_report [--memory] [--only SUBSTRING] [--json PATH]
+    python -m benchmarks.sass_report [--memory] [--only SUBSTRING] [--json PATH] [--counts PATH]
 
 Per tensor-core kernel (``mma_tiles.MMA_KERNELS``, compiled for sm_90 with its exact signature, ``ptxas``,
 ``cuobjdump --dump-sass``): the main loop's static instructions per warp and k-tile, HMMAs, instructions
@@ -8,6 +8,8 @@ per HMMA against its budget (``sass.budget``), 64-bit integer halves, LDGSTS / L
 resident blocks and occupancy on an SM of sm_90, and the kernel's global accesses by width.
 ``--memory`` adds the other kernels (``registry``'s table: the memory-bound ones) with their global
 accesses by width. Nothing here ran on a GPU: counts are static, occupancy is the calculator's rule.
+``--counts benchmarks/gpu/sass_counts.json`` rewrites the instructions per HMMA the performance model
+reads (``benchmarks/gpu/model.py``); the SASS tier fails while that file disagrees with the kernels.
 Exit status 1 when a budget is exceeded.
 """
 import argparse
@@ -48,11 +50,22 @@ def print_memory(rows, out=sys.stdout):
         print(f"{k.name:52s} {k.registers:4d}  {_accesses(k.accesses)}", file=out)
 
 
+def write_counts(path, rows):
+    """The performance model's input: main-loop instructions per HMMA of every tensor-core kernel (sm_90)."""
+    table = {k.name: round(k.loop.per_hmma, 2) for k in rows}
+    with open(path, "w") as f:
+        json.dump({"about": "main-loop instructions per HMMA, sm_90, ptxas + cuobjdump; written by "
+                            "`python -m benchmarks.sass_report --counts PATH`; read by benchmarks/gpu/model.py",
+                   "per_hmma": table}, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", action="store_true", help="also the memory-bound kernels' accesses by width")
     parser.add_argument("--only", default="", help="kernels whose name contains this")
     parser.add_argument("--json", help="write one JSON object per kernel to this file")
+    parser.add_argument("--counts", help="write the model's table of instructions per HMMA (every kernel) here")
     args = parser.parse_args(argv)
     if not sass.tools_available():
         print("sass_report: ptxas, cuobjdump and nvdisasm are needed (CUDA toolkit, or pip install "
@@ -64,6 +77,8 @@ def main(argv=None):
     memory = memory_rows(args.only) if args.memory else []
     if memory:
         print_memory(memory)
+    if args.counts:
+        write_counts(args.counts, rows if not args.only else mma_rows())
     if args.json:
         with open(args.json, "w") as f:
             for k in rows + memory:

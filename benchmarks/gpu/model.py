@@ -1,23 +1,37 @@
-"""A performance model of the GEMM kernels on an H200: PREDICTIONS, never measurements.
+"""A performance model of a training step on an H200: PREDICTIONS, never measurements.
 
-Per GEMM (forward, input gradient, weight gradient of each convolution) with the tile
-``choose_tile`` picks: blocks per SM from registers / shared memory / threads; per k-tile and
-SM the time of its mma (tensor-core issue rate) and of its shared-memory traffic (ldmatrix
-reads + cp.async writes, 128 B/clock); waves of 132 SMs (quantisation); HBM bytes (every
-operand once) and L2 bytes (A once per column of tiles, B once per row); the time is the
-largest of the three plus a launch (the any-channel forward of stems adds the issue time of
-its scalar staging). SIMT: issue-bound, 4 instructions per FFMA (its SASS,
-CUDA-NOTES.md) at 20% of the issue slots, calibrated to issue 12's 2-3.5 TFLOP/s estimate;
-its input gradient gathers with s^2 the work. The H200 figures are the datasheet's; the
-mma.sync share of the tensor-core peak is an assumption (wgmma reaches the peak on Hopper).
-``gpu_check.py`` prints measured beside predicted on a GPU, which tells model from kernel.
+Per GEMM (forward, input gradient, weight gradient of each convolution) with the tile and kernel
+the executor picks: blocks per SM from registers / shared memory / threads; per k-tile and SM
+three times, of which the largest bounds it:
+
+- the tensor cores: mma.sync at ``mma_sync_share`` (60%) of the dense fp16 peak;
+- shared memory: ldmatrix reads + cp.async writes at 128 B/clock;
+- instruction issue: the kernel's main-loop instructions per warp and k-tile, read from its SASS
+  (``sass_counts.json``: instructions per HMMA x HMMAs per warp and k-tile), over 4 schedulers
+  issuing one instruction per clock. This is what makes a slow loop (and the any-channel stem
+  kernels' scalar staging) slow in the model.
+
+Then waves of 132 SMs (quantisation); HBM bytes (every operand once) and L2 bytes (A once per
+column of tiles, B once per row); the GEMM's time is the largest of these plus a launch.
+
+Outside the GEMMs (``predict_step``): every other kernel of the recorded step is counted by its
+bytes (read + written, from the tape: ``--dry-run``) at 4.3 TB/s, the bandwidth a streaming
+kernel reaches on an H200 (measured elsewhere, 90% of the 4.8 TB/s datasheet figure), plus one
+launch gap each. SIMT GEMMs: issue-bound, 4 instructions per FFMA (its SASS, CUDA-NOTES.md) at
+20% of the issue slots, calibrated to issue 12's 2-3.5 TFLOP/s estimate; its input gradient
+gathers with s^2 the work. The H200 figures are the datasheet's; the mma.sync share is an
+assumption (wgmma reaches the peak on Hopper). ``gpu_check.py`` prints measured beside predicted on
+a GPU, which tells model from kernel.
 """
+import json
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from cuda_kernels.mma_dgrad import DGRAD_TILES
 from cuda_kernels.mma_conv import STEM_TILES
-from cuda_kernels.mma_tiles import BK, CHUNK, choose_tile, pipeline_bytes
+from cuda_kernels.mma_tiles import BK, choose_tile, pipeline_bytes
 from cuda_kernels.mma_wgrad import WGRAD_TILES
 
 
@@ -27,11 +41,13 @@ class Gpu:
     sms: int = 132
     clock_hz: float = 1.98e9
     tensor_fp16_flops: float = 989e12     # dense fp16 in, fp32 accumulate (datasheet)
-    mma_sync_share: float = 0.65          # assumption: mma.sync vs wgmma on Hopper
+    mma_sync_share: float = 0.60          # assumption: mma.sync vs wgmma on Hopper
+    schedulers: int = 4                   # warp schedulers per SM, one instruction per clock each
     smem_bytes_per_clock: int = 128       # per SM
     shared_per_sm: int = 228 * 1024
     registers_per_sm: int = 65536
     hbm_bytes_s: float = 4.8e12
+    streaming_bytes_s: float = 4.3e12     # what a streaming kernel reaches (measured elsewhere)
     l2_bytes_s: float = 10e12             # assumption
     launch_s: float = 2e-6                # graph-replayed kernel
     simt_issue_share: float = 0.20        # SIMT calibration (see the module docstring)
@@ -59,13 +75,23 @@ class Prediction:
         return self.flops / self.seconds / 1e12
 
 
-# the any-channel forward (stems) stages 8 scalar loads per 16-byte chunk: ~12 issued instructions each
-SCALAR_STAGING_INSTRUCTIONS = 12 * CHUNK
+SASS_COUNTS = Path(__file__).with_name("sass_counts.json")
 
 
-def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, groups_z=1, k_per_block=None, scalar_staging=False,
-                 gpu=H200):
-    """Predicted time of one tensor-core GEMM launch: ``groups_z`` independent GEMMs of m x n x k
+@lru_cache(maxsize=None)
+def sass_counts(path=SASS_COUNTS):
+    """``{kernel: main-loop instructions per HMMA}`` (sm_90), as ``python -m benchmarks.sass_report --counts``
+    wrote them; the SASS tier checks them against the kernels' code (``test_sass_budget.py``)."""
+    return json.loads(Path(path).read_text())["per_hmma"]
+
+
+def loop_instructions(kernel, tile):
+    """Main-loop instructions one warp issues per k-tile: instructions per HMMA x HMMAs per warp and k-tile."""
+    return sass_counts()[kernel] * tile.mi * tile.ni * (BK // 16)
+
+
+def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, kernel, groups_z=1, k_per_block=None, gpu=H200):
+    """Predicted time of one launch of tensor-core ``kernel``: ``groups_z`` independent GEMMs of m x n x k
     (implicit operands: ``hbm_bytes`` is what the tensors themselves hold; L2 serves the re-reads)."""
     flops = 2.0 * m * n * k * groups_z
     k_per_block = k_per_block or k
@@ -77,13 +103,12 @@ def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, groups_z=1, k_per_block
     warps = tile.threads // 32
     smem = warps * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
     t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    chunks = (tile.bm + tile.bn) * BK // CHUNK   # 16-byte chunks staged per k-tile and block
-    t_issue = resident * chunks / 32 * SCALAR_STAGING_INSTRUCTIONS / (4 * gpu.clock_hz) if scalar_staging else 0.0
+    t_issue = resident * warps * loop_instructions(kernel, tile) / (gpu.schedulers * gpu.clock_hz)
     waves = math.ceil(blocks / (gpu.sms * resident))
     t_compute = waves * math.ceil(k_per_block / BK) * max(t_mma, t_smem, t_issue)
     t_hbm = hbm_bytes / gpu.hbm_bytes_s
     t_l2 = 2.0 * groups_z * (m * k * math.ceil(n / tile.bn) + k * n * math.ceil(m / tile.bm)) / gpu.l2_bytes_s
-    unit = max((t_mma, "tensor cores"), (t_smem, "shared memory"), (t_issue, "scalar staging"))[1]
+    unit = max((t_mma, "tensor cores"), (t_smem, "shared memory"), (t_issue, "instruction issue"))[1]
     times = {unit: t_compute, "HBM": t_hbm, "L2": t_l2}
     bound = max(times, key=times.get)
     return Prediction(times[bound] + gpu.launch_s, flops, tile.name, bound)
@@ -117,6 +142,15 @@ def _wgrad_splits(c, tile, gpu):
     return max(1, min(math.ceil(2 * gpu.sms / blocks), math.ceil(c.batch * c.out_hw ** 2 / (8 * BK))))
 
 
+FORWARD, DGRAD, WGRAD = "mma_conv2d_forward_bn_stats", "mma_conv2d_backward_data", "mma_conv2d_backward_weight"
+
+
+def kernel_name(family, tile, any_channels=False):
+    """The tensor-core kernel of ``family`` (forward: the BN-statistics epilogue, as a convolution followed by
+    BatchNorm runs) for ``tile``; ``any_channels``: the kernels that stage channels one by one (stems)."""
+    return f"{family}_{'any_channels_' if any_channels else ''}{tile.name}"
+
+
 def predict_conv(c, gpu=H200):
     """``{"forward" | "dgrad" | "wgrad": (mma Prediction or None, simt Prediction)}`` of one convolution."""
     pixels_out, taps = c.batch * c.out_hw ** 2, c.kernel ** 2
@@ -130,12 +164,12 @@ def predict_conv(c, gpu=H200):
         out = {kind: (None, simt[kind]) for kind in simt}
         stem = choose_tile(pixels_out, c.c_out, STEM_TILES)
         out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem, pipeline_bytes(stem, False, False),
-                                       x_bytes + w_bytes + y_bytes, scalar_staging=True), simt["forward"])
+                                       x_bytes + w_bytes + y_bytes, kernel_name(FORWARD, stem, True)), simt["forward"])
         if c.c_out % 8 == 0 and c.first:
             wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
             splits = _wgrad_splits(c, wgr, gpu)
             out["wgrad"] = (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
-                                         x_bytes + y_bytes + 2 * w_bytes * splits, scalar_staging=True,
+                                         x_bytes + y_bytes + 2 * w_bytes * splits, kernel_name(WGRAD, wgr, True),
                                          k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"])
         return out
     fwd = choose_tile(pixels_out, c.c_out)
@@ -146,15 +180,15 @@ def predict_conv(c, gpu=H200):
     splits = _wgrad_splits(c, wgr, gpu)
     out = {
         "forward": (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd, pipeline_bytes(fwd, False, False),
-                                 x_bytes + w_bytes + y_bytes), simt["forward"]),
+                                 x_bytes + w_bytes + y_bytes, kernel_name(FORWARD, fwd)), simt["forward"]),
         "wgrad": (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
-                               x_bytes + y_bytes + 2 * w_bytes * splits,   # fp32 atomics per split
+                               x_bytes + y_bytes + 2 * w_bytes * splits, kernel_name(WGRAD, wgr),  # fp32 atomics
                                k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"]),
     }
     if not c.first:   # tap count per phase class: ceil over the classes, as the kernel runs them
         out["dgrad"] = (predict_gemm(class_pixels, c.c_in, math.ceil(c.kernel / c.stride) ** 2 * c.c_out, dgr,
-                                     pipeline_bytes(dgr, False, True),
-                                     x_bytes + w_bytes + y_bytes, groups_z=s2), simt["dgrad"])
+                                     pipeline_bytes(dgr, False, True), x_bytes + w_bytes + y_bytes,
+                                     kernel_name(DGRAD, dgr), groups_z=s2), simt["dgrad"])
     return out
 
 
@@ -188,6 +222,40 @@ def model_table(shapes, gpu=H200):
             total_simt += simt.seconds
             rows.append((c, kind, chosen.tile, chosen.seconds * 1e6, chosen.tflops, simt.seconds * 1e6, chosen.bound))
     return rows, total_mma, total_simt
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A training step's predicted time: its convolutions' GEMMs, its other kernels by their bytes, and one
+    launch gap per other kernel (each GEMM's launch is in ``gemm_s``)."""
+    gemm_s: float
+    other_s: float
+    other_launches: int
+    gaps_s: float
+
+    @property
+    def seconds(self):
+        return self.gemm_s + self.other_s + self.gaps_s
+
+
+def predict_step(shapes, other_bytes, gpu=H200):
+    """``StepPrediction`` of a step whose convolutions are ``shapes`` and whose other launches read and write
+    ``other_bytes`` (one figure per launch, from the recorded tape)."""
+    other = [float(b) for b in other_bytes]
+    _, gemm_s, _ = model_table(shapes, gpu)
+    return StepPrediction(gemm_s, sum(other) / gpu.streaming_bytes_s, len(other), len(other) * gpu.launch_s)
+
+
+# PyTorch eager AMP training steps the predictions are compared with: ASSUMED, not measured here.
+# ResNet-50 v1.5 b256: 2,470 img/s on one A100 80GB (NVIDIA DeepLearningExamples, PyTorch ConvNets
+# README, pytorch-21.03 container, AMP) = 104 ms per step; no H200 figure is published there, so it is
+# scaled by the H200/A100 ratios of HBM bandwidth (4.8 / 2.04 TB/s: 44 ms) and of the dense fp16
+# tensor peak (989 / 312 TFLOP/s: 33 ms). ResNet-18-CIFAR b256: scaled from that by multiply-adds per
+# image (0.56 vs 4.11 GMAC), which favours PyTorch (small images use a GPU less well).
+_R50_A100_S = 256 / 2470
+_R50_H200 = (_R50_A100_S / (989 / 312), _R50_A100_S / (4.8 / 2.04))
+PYTORCH_EAGER_AMP_ASSUMED = {"resnet50": _R50_H200,
+                             "resnet18_cifar": tuple(t * 0.557 / 4.11 for t in _R50_H200)}
 
 
 def print_conv_predictions(models=None):

@@ -10,22 +10,21 @@ import json
 from types import SimpleNamespace
 
 from cuda_kernels.mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
-from cuda_kernels.mma_tiles import BK, CHUNK, TILES
+from cuda_kernels.mma_tiles import BK, TILES
 
-from .model import H200, SCALAR_STAGING_INSTRUCTIONS, blocks_per_sm
+from .model import H200, blocks_per_sm, loop_instructions
 
 ARCHS = ((8, 0), (9, 0))
 
 
-def _steady_tflops(tile, shared_bytes, scalar_staging, gpu=H200):
-    """Every SM busy, no edge tiles: the mma / shared-memory / scalar-staging bound of one k-tile."""
+def _steady_tflops(name, tile, shared_bytes, gpu=H200):
+    """Every SM busy, no edge tiles: the mma / shared-memory / instruction-issue bound of one k-tile."""
     resident = blocks_per_sm(tile, shared_bytes, gpu)
     flops = resident * 2.0 * tile.bm * tile.bn * BK
     t_mma = flops / (gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms)
     smem = (tile.threads // 32) * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
     t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    chunks = (tile.bm + tile.bn) * BK // CHUNK
-    t_issue = resident * chunks / 32 * SCALAR_STAGING_INSTRUCTIONS / (4 * gpu.clock_hz) if scalar_staging else 0.0
+    t_issue = resident * (tile.threads // 32) * loop_instructions(name, tile) / (gpu.schedulers * gpu.clock_hz)
     return gpu.sms * flops / max(t_mma, t_smem, t_issue) / 1e12
 
 
@@ -56,7 +55,7 @@ def static_records(archs=ARCHS):
                     record.update(registers=info.registers, spill_bytes=info.spill_stores + info.spill_loads,
                                   stack_bytes=info.stack_bytes, shared_bytes=info.shared_bytes,
                                   shared_fits=shared_fits(info.shared_bytes, spec.dynamic_shared_bytes, cc),
-                                  predicted_tflops=round(_steady_tflops(tile, max(1, shared), "any_channels" in name), 1))
+                                  predicted_tflops=round(_steady_tflops(name, tile, max(1, shared)), 1))
                 records.append(record)
         finally:
             dispatcher.get_current_device = original

@@ -2,14 +2,15 @@
 
 Checks what the model must get right whatever its constants: the convolutions it walks, that no
 prediction beats the tensor-core peak it assumes, that a 3-channel stem is predicted with its
-scalar staging and without an input gradient, that the SIMT input gradient pays s^2, the tile
+scalar staging (its instruction issue, from its SASS) and without an input gradient, that the SIMT input gradient pays s^2, the tile
 choices, and that the printed table labels every figure a prediction.
 """
 import pytest
 
 pytest.importorskip("numba", reason="the performance model reads the tile tables of cuda_kernels, which needs numba "
                                     "(pip install numba numba-cuda)")
-from benchmarks.gpu.model import H200, ConvShape, conv_shapes, predict_conv, print_conv_predictions  # noqa: E402
+from benchmarks.gpu.model import (H200, ConvShape, conv_shapes, predict_conv, predict_step,  # noqa: E402
+                                  print_conv_predictions, sass_counts)
 from benchmarks.gpu.step_common import resnet18_cifar_blueprint, zoo_model  # noqa: E402
 
 
@@ -31,11 +32,40 @@ def test_no_prediction_beats_the_assumed_tensor_core_peak(shape):
 
 def test_stems_have_no_input_gradient_a_scalar_staged_forward_and_simt_dgrad_pays_stride_squared():
     stem = predict_conv(ConvShape("stem", 8, 32, 3, 64, 7, 2, 3, first=True))
-    assert set(stem) == {"forward", "wgrad"} and stem["wgrad"][0].bound == "scalar staging"
+    assert set(stem) == {"forward", "wgrad"} and stem["wgrad"][0].bound == "instruction issue"
     aligned = predict_conv(ConvShape("stem", 8, 32, 8, 64, 7, 2, 3, first=True))
-    assert stem["forward"][0].bound == "scalar staging" and stem["forward"][0].tflops < aligned["forward"][0].tflops
+    assert stem["forward"][0].bound == "instruction issue" and stem["forward"][0].tflops < aligned["forward"][0].tflops
     strided = predict_conv(ConvShape("c", 8, 16, 64, 64, 3, 2, 1))
     assert strided["dgrad"][1].seconds - H200.launch_s == pytest.approx(4 * (strided["forward"][1].seconds - H200.launch_s))
+
+
+def test_every_tensor_core_kernel_has_its_sass_count():
+    from cuda_kernels.mma_kernels import all_mma_kernels
+    assert set(sass_counts()) == set(all_mma_kernels())
+
+
+def test_the_issue_term_follows_the_sass_counts(monkeypatch):
+    """A loop that issues k times the instructions takes k times as long once issue bounds it (the issue's
+    arithmetic: 11.7 per HMMA caps a 128x128 forward near 366 TFLOP/s at 4 warps per scheduler)."""
+    shape = ConvShape("c", 256, 56, 256, 256, 3, 1, 1)
+    counts = dict(sass_counts())
+    name = next(k for k in counts if k.startswith("mma_conv2d_forward_bn_stats_128x128"))
+    for per_hmma, expected_tflops in ((11.7, 366.0), (23.4, 183.0)):
+        monkeypatch.setattr("benchmarks.gpu.model.sass_counts", lambda counts=dict(counts, **{name: per_hmma}): counts)
+        mma = predict_conv(shape)["forward"][0]
+        assert mma.bound == "instruction issue"
+        steady = 4 * H200.sms * H200.clock_hz * 16 * 8 * 16 * 2 / per_hmma / 1e12   # one HMMA: 4096 flops
+        assert steady == pytest.approx(expected_tflops, rel=0.01)
+        assert mma.tflops < steady
+
+
+def test_a_step_adds_its_other_kernels_bytes_at_the_streaming_bandwidth_and_a_gap_each():
+    shapes = conv_shapes(resnet18_cifar_blueprint(), 64, 32)
+    bare = predict_step(shapes, [])
+    step = predict_step(shapes, [4.3e9, 0.0])     # 4.3 GB at 4.3 TB/s: 1 ms
+    assert bare.other_s == 0 and step.gemm_s == bare.gemm_s > 0
+    assert step.other_s == pytest.approx(1e-3) and step.other_launches == 2
+    assert step.seconds == pytest.approx(bare.seconds + 1e-3 + 2 * H200.launch_s)
 
 
 def test_the_printed_table_labels_its_figures_predictions(capsys):
