@@ -1,9 +1,10 @@
 """The tensor-core performance model of ``benchmarks/gpu/model.py`` (predictions only; no GPU).
 
 Checks what the model must get right whatever its constants: the convolutions it walks, that no
-prediction beats the tensor-core peak it assumes, that a 3-channel stem is predicted with its
-scalar staging (its instruction issue, from its SASS) and without an input gradient, that the SIMT input gradient pays s^2, the tile
-choices, and that the printed table labels every figure a prediction.
+prediction beats the tensor-core peak it assumes, that a 3-channel stem is bound by its scalar
+staging's instruction issue (from its SASS) and has no input gradient, that the SIMT input gradient
+pays s^2, the issue term and the step's other kernels, the tile choices, and that the printed table
+labels every figure a prediction.
 """
 import pytest
 
