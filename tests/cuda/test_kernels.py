@@ -161,8 +161,8 @@ def case_fill_zero(rng):
 
 # ---------------------------------------------------------------------------- batchnorm
 
-def case_batchnorm_train(rng, activation, with_residual):
-    m, c, momentum, eps = 24, 5, 0.1, 1e-5
+def case_batchnorm_train(rng, activation, with_residual, m=24, c=5):
+    momentum, eps = 0.1, 1e-5
     x = half(rng, (m, c), 2.0) + np.float16(0.5)
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
@@ -182,8 +182,8 @@ def case_batchnorm_train(rng, activation, with_residual):
         check(label, got, expected, "stats")
 
 
-def case_batchnorm_eval(rng):
-    m, c, eps = 10, 6, 1e-3
+def case_batchnorm_eval(rng, m=10, c=6):
+    eps = 1e-3
     x = half(rng, (m, c))
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
@@ -194,8 +194,7 @@ def case_batchnorm_eval(rng):
           "fp16")
 
 
-def case_batchnorm_backward(rng, accumulate):
-    m, c = 40, 3
+def case_batchnorm_backward(rng, accumulate, m=40, c=3):
     x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
     gamma = rng.standard_normal(c).astype(np.float32)
     mean = x.astype(np.float32).mean(0)
@@ -491,6 +490,15 @@ CASES = [
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
     pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
+    # 8-channel vectors (the _vec8 kernels): odd row counts, a grid whose threads do not divide the rows, and
+    # 72 channels (9 vectors: idle threads in the per-channel grid, a partial column block in the reductions)
+    pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True, m=37, c=16),
+                 id="bn-train-residual-relu-vec8"),
+    pytest.param(case_batchnorm_train, dict(activation="relu6", with_residual=False, m=13, c=72),
+                 id="bn-train-relu6-vec8-72"),
+    pytest.param(case_batchnorm_eval, dict(m=9, c=24), id="bn-eval-relu-vec8"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=16), id="bn-backward-vec8"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=True, m=11, c=72), id="bn-backward-accumulate-vec8-72"),
     pytest.param(case_maxpool, dict(k=3, s=2, p=1), id="maxpool-3-2-1"),
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
     pytest.param(case_avgpool, {}, id="avgpool"),
