@@ -31,7 +31,7 @@ from planner.ops import Prim
 from .collective import SINGLE_REPLICA
 from .elementwise import ACTIVATION_KERNELS, fill_zero
 from .registry import F1, F32, H1, I32, ONE, SIMULATOR, THREADS, ZERO, flat, grid_1d, kernel, nbt
-from .vector import VEC8, channel_lanes, load8, sm_count, store8, vector_kernel, vectorisable
+from .vector import VEC8, channel_lanes, load8, sm_count, store8, vectorisable
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 # reduction block: 32 channels x 8 row lanes (the simulator, one Python thread each: 8 x 2)
@@ -108,7 +108,6 @@ def _reduce_lanes_and_add8(shared, a, b, out1, out2, c, lane, lanes, active):
             cuda.atomic.add(out2, c + k, b[k])
 
 
-@vector_kernel
 @kernel("batchnorm_stats_vec8", (H1, F1, F1, I32, I32))
 def _batchnorm_stats_vec8(x, sums, sumsq, channels, rows_per_block):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
@@ -176,13 +175,11 @@ def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channel
         y[i] = f16(_clamp(v, clamp))
 
 
-@vector_kernel
 @kernel("batchnorm_apply_vec8", _APPLY)
 def _batchnorm_apply_vec8(x, mean, spread, gamma, beta, y, channels, clamp, spread_is_var, eps):
     _apply_vec8(x, mean, spread, gamma, beta, x, y, channels, clamp, spread_is_var, eps, False)
 
 
-@vector_kernel
 @kernel("batchnorm_apply_residual_vec8", _APPLY[:5] + (H1,) + _APPLY[5:])
 def _batchnorm_apply_residual_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps):
     _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps, True)
@@ -241,7 +238,6 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, row
     _reduce_rows_and_add(s1, s2, a, b, dbeta, dgamma, c, tx, ty)
 
 
-@vector_kernel
 @kernel("batchnorm_backward_reduce_vec8", (H1, H1, F1, F1, F1, F1, I32, I32))
 def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, channels, rows_per_block):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
@@ -280,7 +276,6 @@ def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channe
         dx[i] = f16(v)
 
 
-@vector_kernel
 @kernel("batchnorm_backward_dx_vec8", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
 def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate, replicas):
     m = cuda.local.array(VEC8, nbt.float32)

@@ -6,9 +6,8 @@ It can where the element count (or, for a per-channel kernel, the channel count)
 vector and every array it touches starts on a 16-byte boundary (``vectorisable``: every arena view does;
 a slice of a region may not). Otherwise the launcher takes the kernel's one-element twin.
 
-Vector kernels are named ``<kernel>_vec8`` (fp16) or ``<kernel>_vec4`` (fp32 only); ``VECTOR_KERNELS``
-lists them, and the PTX tier (``tests/cuda/test_vector_access.py``) fails when one of them compiles to a
-2-byte global access. Per-channel kernels give each thread one vector of channels for the whole launch
+Vector kernels are named ``<kernel>_vec8`` (fp16) or ``<kernel>_vec4`` (fp32 only); the PTX tier
+(``tests/cuda/test_vector_access.py``) lists them and fails when one of them compiles to a 2-byte global access. Per-channel kernels give each thread one vector of channels for the whole launch
 (``channel_lanes``): its per-channel constants are loaded once and no index is divided per element.
 """
 import functools
@@ -29,13 +28,6 @@ f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 BLOCKS_PER_SM = 8
 #: SMs assumed where no device answers (the dry run, the PTX tier): an H200's.
 DEFAULT_SM_COUNT = 132
-VECTOR_KERNELS = []   # the table names of the vector kernels (``vector_kernel``)
-
-
-def vector_kernel(spec):
-    """Record a vector kernel of the table (returns it), for the PTX tier's access-width check."""
-    VECTOR_KERNELS.append(spec.name)
-    return spec
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,6 +58,15 @@ def channel_lanes(rows, vectors_per_row, threads=THREADS):
     need = math.ceil(rows * vectors_per_row / threads)
     least = math.ceil(vectors_per_row / threads)
     return max(1, least, min(need, max_blocks())), threads
+
+
+def launch_flat(launcher, scalar, vector, width, n, arrays, *args):
+    """``vector`` over ``n / width`` vectors where ``vectorisable(n, width, *arrays)``, else ``scalar`` over ``n``
+    elements (both grid-stride loops taking ``args``)."""
+    if vectorisable(n, width, *arrays):
+        launcher.launch(vector, *grid_vectors(n // width), *args)
+    else:
+        launcher.launch(scalar, *grid_vectors(n), *args)
 
 
 def vectorisable(count, width, *arrays):

@@ -40,9 +40,9 @@ run = functools.partial(replay, launched=LAUNCHED)
 
 # ---------------------------------------------------------------------------- elementwise
 
-def case_activation(rng, prim, accumulate):
+def case_activation(rng, prim, accumulate, n=57):
     row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # every parameter at a non-default value
-    x = np.concatenate([half(rng, 58, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
+    x = np.concatenate([half(rng, n, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
     y = garbage(x.shape, np.float16)
     run(lambda t: elementwise.activation_forward(t, prim, dev(x), y, params))
     check("y", y, row.reference_forward(f64(x), *params), "fp16")
@@ -54,9 +54,9 @@ def case_activation(rng, prim, accumulate):
     check("dx", dx, expected, "fp16")
 
 
-def case_add_and_accumulate(rng):
-    a, b, d0 = half(rng, 70), half(rng, 70), half(rng, 70)
-    y, dst_over, dst_acc = garbage(70, np.float16), garbage(70, np.float16), dev(d0)
+def case_add_and_accumulate(rng, n=70):
+    a, b, d0 = half(rng, n), half(rng, n), half(rng, n)
+    y, dst_over, dst_acc = garbage(n, np.float16), garbage(n, np.float16), dev(d0)
 
     def record(t):
         elementwise.add_forward(t, dev(a), dev(b), y)
@@ -140,16 +140,17 @@ def case_prelu(rng, slopes, accumulate):
     check("dw", dw, dw_ref, "fp32")
 
 
-def case_cast(rng):
-    src = (rng.standard_normal(77) * 100).astype(np.float32)
-    dst = garbage(77, np.float16)
+def case_cast(rng, n=77):
+    src = (rng.standard_normal(n) * 100).astype(np.float32)
+    dst = garbage(n, np.float16)
     run(lambda t: elementwise.cast_f32_to_f16(t, dev(src), dst))
     check("fp16 copy", dst, src.astype(np.float16), "exact")
 
 
 def case_fill_zero(rng):
     arrays = [dev(rng.standard_normal(9).astype(np.float32)), dev(half(rng, 7)),
-              dev(np.arange(5, dtype=np.int32)), dev(np.ones(12, np.uint8))]
+              dev(np.arange(5, dtype=np.int32)), dev(np.ones(12, np.uint8)),
+              dev(rng.standard_normal(44).astype(np.float32)), dev(half(rng, 24))]   # the last two: 16-byte stores
 
     def record(t):
         for a in arrays:
@@ -409,8 +410,8 @@ def _scalars(loss_scale=4.0, step=0, lr=0.05):
                 loss_scale=dev(np.array([loss_scale], np.float32)), found_inf=dev(np.zeros(1, np.int32)))
 
 
-def case_sgd(rng, nesterov):
-    n, momentum, dampening, wd, lr, scale = 37, 0.9, 0.1, 1e-2, 0.05, 4.0
+def case_sgd(rng, nesterov, n=37):
+    momentum, dampening, wd, lr, scale = 0.9, 0.1, 1e-2, 0.05, 4.0
     p, buf = rng.standard_normal(n).astype(np.float32), np.zeros(n, np.float32)
     d_p, d_buf = dev(p), dev(buf)
     for step in range(2):   # the first step initialises the momentum buffer
@@ -423,8 +424,8 @@ def case_sgd(rng, nesterov):
         check(f"buf after step {step}", d_buf, buf, "fp32")
 
 
-def case_adam(rng, decoupled):
-    n, lr, b1, b2, eps, wd, scale = 29, 1e-2, 0.9, 0.99, 1e-8, 0.1, 2.0
+def case_adam(rng, decoupled, n=29):
+    lr, b1, b2, eps, wd, scale = 1e-2, 0.9, 0.99, 1e-8, 0.1, 2.0
     p, m, v = rng.standard_normal(n).astype(np.float32), np.zeros(n), np.zeros(n)
     d_p, d_m, d_v = dev(p), dev(np.zeros(n, np.float32)), dev(np.zeros(n, np.float32))
     for step in range(2):
@@ -437,9 +438,9 @@ def case_adam(rng, decoupled):
             check(f"{label} after step {step + 1}", got, expected, "stats")
 
 
-def case_check_overflow(rng):
+def case_check_overflow(rng, n=70):
     for bad, expected in [(None, 0), (np.inf, 1), (-np.inf, 1), (np.nan, 1)]:
-        g = rng.standard_normal(70).astype(np.float32)
+        g = rng.standard_normal(n).astype(np.float32)
         if bad is not None:
             g[41] = bad
         flag = dev(np.array([5], np.int32))
@@ -474,7 +475,10 @@ def case_update_loss_scale(rng):
 CASES = [
     *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 1), id=f"activation-{prim.value}")
       for index, prim in enumerate(ACTIVATIONS)],   # every activation of the op table
+    *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 0, n=66), id=f"activation-{prim.value}-vec8")
+      for index, prim in enumerate(ACTIVATIONS)],   # 72 elements: 16-byte accesses
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
+    pytest.param(case_add_and_accumulate, dict(n=72), id="add-accumulate-vec8"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
     *[pytest.param(case_random_mask, dict(kind="dropout", p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
@@ -482,6 +486,7 @@ CASES = [
     pytest.param(case_prelu, dict(slopes=5, accumulate=True), id="prelu-per-channel-accumulate"),
     pytest.param(case_prelu, dict(slopes=1, accumulate=False), id="prelu-shared"),
     pytest.param(case_cast, {}, id="cast-f32-f16"),
+    pytest.param(case_cast, dict(n=80), id="cast-f32-f16-vec8"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),
     pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True), id="bn-train-residual-relu"),
@@ -524,9 +529,12 @@ CASES = [
     pytest.param(case_count_correct, {}, id="count-correct"),
     pytest.param(case_sgd, dict(nesterov=False), id="sgd-momentum"),
     pytest.param(case_sgd, dict(nesterov=True), id="sgd-nesterov"),
+    pytest.param(case_sgd, dict(nesterov=True, n=44), id="sgd-nesterov-vec4"),
     pytest.param(case_adam, dict(decoupled=False), id="adam"),
     pytest.param(case_adam, dict(decoupled=True), id="adamw"),
+    pytest.param(case_adam, dict(decoupled=True, n=36), id="adamw-vec4"),
     pytest.param(case_check_overflow, {}, id="check-overflow"),
+    pytest.param(case_check_overflow, dict(n=72), id="check-overflow-vec4"),
     pytest.param(case_update_loss_scale, {}, id="loss-scale-update"),
 ]
 
