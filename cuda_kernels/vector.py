@@ -7,7 +7,8 @@ vector and every array it touches starts on a 16-byte boundary (``vectorisable``
 a slice of a region may not). Otherwise the launcher takes the kernel's one-element twin.
 
 Vector kernels are named ``<kernel>_vec8`` (fp16) or ``<kernel>_vec4`` (fp32 only); the PTX tier
-(``tests/cuda/test_vector_access.py``) lists them and fails when one of them compiles to a 2-byte global access. Per-channel kernels give each thread one vector of channels for the whole launch
+(``tests/cuda/test_vector_access.py``) lists them and fails when one of them compiles to a 2-byte global
+access. Per-channel kernels give each thread one vector of channels for the whole launch
 (``channel_lanes``): its per-channel constants are loaded once and no index is divided per element.
 """
 import functools
@@ -130,9 +131,34 @@ def _st_global_f32x4(typingctx, array, index, v0, v1, v2, v3):
     return sig, codegen
 
 
+@intrinsic
+def _ld_global_i32x4(typingctx, array, index):
+    sig = nbt.UniTuple(nbt.int32, 4)(array, nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        i32t = ir.IntType(32)
+        out = _asm(builder, ir.LiteralStructType([i32t] * 4), [_address(context, builder, sig.args[0], *args)],
+                   "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.v4.b32 {$0,$1,$2,$3}, [g]; }",
+                   "=r,=r,=r,=r,l,~{memory}")
+        return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, k) for k in range(4)])
+    return sig, codegen
+
+
+@intrinsic
+def _st_global_i32x4(typingctx, array, index, v0, v1, v2, v3):
+    sig = nbt.void(array, nbt.int32, nbt.int32, nbt.int32, nbt.int32, nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        _asm(builder, ir.VoidType(), [_address(context, builder, sig.args[0], args[0], args[1])] + list(args[2:]),
+             "{ .reg .u64 g; cvta.to.global.u64 g, $0; st.global.v4.b32 [g], {$1,$2,$3,$4}; }",
+             "l,r,r,r,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def _check_vector(array, index, what):
     if index % VEC4 or index < 0 or index + VEC4 > array.size:
-        raise ValueError(f"{what}: element {index} of an fp32 array of {array.size} is not the start of a "
+        raise ValueError(f"{what}: element {index} of a 4-byte array of {array.size} is not the start of a "
                          f"16-byte vector inside it (index % 4 == 0 and index + 4 <= size)")
 
 
@@ -148,10 +174,18 @@ def _st_global_f32x4_twin(array, index, v0, v1, v2, v3):
     array[index], array[index + 1], array[index + 2], array[index + 3] = v0, v1, v2, v3
 
 
+@cuda.jit(device=True)
+def _ld_global_i32x4_twin(array, index):
+    _check_vector(array, index, "ld.global.v4.b32")
+    return i32(array[index]), i32(array[index + 1]), i32(array[index + 2]), i32(array[index + 3])
+
+
 if SIMULATOR:
     ld_global_f32x4, st_global_f32x4 = _ld_global_f32x4_twin, _st_global_f32x4_twin
+    ld_global_i32x4, st_global_i32x4 = _ld_global_i32x4_twin, _st_global_f32x4_twin   # the store twin copies any type
 else:
     ld_global_f32x4, st_global_f32x4 = _ld_global_f32x4, _st_global_f32x4
+    ld_global_i32x4, st_global_i32x4 = _ld_global_i32x4, _st_global_i32x4
 
 
 @cuda.jit(device=True)
@@ -164,3 +198,16 @@ def load4(out, a, index):
 @cuda.jit(device=True)
 def store4(a, index, v):
     st_global_f32x4(a, i32(index), v[0], v[1], v[2], v[3])
+
+
+@cuda.jit(device=True)
+def load_i32x8(out, a, index):
+    """``out[0:8] = a[index:index + 8]`` (int32) with two 16-byte loads (``index % 4 == 0``)."""
+    out[0], out[1], out[2], out[3] = ld_global_i32x4(a, i32(index))
+    out[4], out[5], out[6], out[7] = ld_global_i32x4(a, i32(index) + VEC4)
+
+
+@cuda.jit(device=True)
+def store_i32x8(a, index, v):
+    st_global_i32x4(a, i32(index), v[0], v[1], v[2], v[3])
+    st_global_i32x4(a, i32(index) + VEC4, v[4], v[5], v[6], v[7])

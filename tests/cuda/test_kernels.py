@@ -257,8 +257,8 @@ def case_batchnorm_synced(rng):
 
 # ---------------------------------------------------------------------------- pooling
 
-def case_maxpool(rng, k, s, p):
-    x, dx0 = half(rng, (2, 5, 5, 3)), half(rng, (2, 5, 5, 3))
+def case_maxpool(rng, k, s, p, c=3):
+    x, dx0 = half(rng, (2, 5, 5, c)), half(rng, (2, 5, 5, c))
     y_ref, argmax_ref = ref.maxpool_forward(f64(x), k, s, p)
     dy = half(rng, y_ref.shape)
     y, argmax, dx = garbage(y_ref.shape, np.float16), garbage(y_ref.shape, np.int32), dev(dx0)
@@ -272,31 +272,31 @@ def case_maxpool(rng, k, s, p):
     check("dx", dx, f64(dx0) + ref.maxpool_backward(argmax_ref, f64(dy), x.shape), "fp16")
 
 
-def case_avgpool(rng):
+def case_avgpool(rng, c=3, accumulate=False):
     k, s, p = 3, 2, 1
-    x = half(rng, (2, 5, 5, 3))
+    x, dx0 = half(rng, (2, 5, 5, c)), half(rng, (2, 5, 5, c))
     y_ref = ref.avgpool_forward(f64(x), k, s, p)
     dy = half(rng, y_ref.shape)
-    y, dx = garbage(y_ref.shape, np.float16), garbage(x.shape, np.float16)
+    y, dx = garbage(y_ref.shape, np.float16), dev(dx0) if accumulate else garbage(x.shape, np.float16)
 
     def record(t):
         pool.avgpool_forward(t, dev(x), y, k, s, p)
-        pool.avgpool_backward(t, dev(dy), dx, k, s, p, False)
+        pool.avgpool_backward(t, dev(dy), dx, k, s, p, accumulate)
     run(record)
     check("y", y, y_ref, "fp16")
-    check("dx", dx, ref.avgpool_backward(f64(dy), x.shape, k, s, p), "fp16")
+    check("dx", dx, ref.avgpool_backward(f64(dy), x.shape, k, s, p) + (f64(dx0) if accumulate else 0), "fp16")
 
 
-def case_gap(rng):
-    x, dy, dx0 = half(rng, (2, 3, 4, 5)), half(rng, (2, 5)), half(rng, (2, 3, 4, 5))
-    y, dx = garbage((2, 5), np.float16), dev(dx0)
+def case_gap(rng, c=5, accumulate=True):
+    x, dy, dx0 = half(rng, (2, 3, 4, c)), half(rng, (2, c)), half(rng, (2, 3, 4, c))
+    y, dx = garbage((2, c), np.float16), dev(dx0) if accumulate else garbage(x.shape, np.float16)
 
     def record(t):
         pool.gap_forward(t, dev(x), y)
-        pool.gap_backward(t, dev(dy), dx, True)
+        pool.gap_backward(t, dev(dy), dx, accumulate)
     run(record)
     check("y", y, ref.gap_forward(f64(x)), "fp16")
-    check("dx", dx, f64(dx0) + ref.gap_backward(f64(dy), x.shape), "fp16")
+    check("dx", dx, (f64(dx0) if accumulate else 0) + ref.gap_backward(f64(dy), x.shape), "fp16")
 
 
 # ---------------------------------------------------------------------------- conv / linear
@@ -475,8 +475,8 @@ def case_update_loss_scale(rng):
 CASES = [
     *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 1), id=f"activation-{prim.value}")
       for index, prim in enumerate(ACTIVATIONS)],   # every activation of the op table
-    *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 0, n=66), id=f"activation-{prim.value}-vec8")
-      for index, prim in enumerate(ACTIVATIONS)],   # 72 elements: 16-byte accesses
+    *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 0, n=66),   # 72: 16-byte accesses
+                   id=f"activation-{prim.value}-vec8") for index, prim in enumerate(ACTIVATIONS)],
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
     pytest.param(case_add_and_accumulate, dict(n=72), id="add-accumulate-vec8"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
@@ -508,6 +508,12 @@ CASES = [
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
     pytest.param(case_avgpool, {}, id="avgpool"),
     pytest.param(case_gap, {}, id="gap"),
+    # 8-channel vectors (the _vec8 kernels), 16 and 24 channels
+    pytest.param(case_maxpool, dict(k=3, s=2, p=1, c=16), id="maxpool-3-2-1-vec8"),
+    pytest.param(case_maxpool, dict(k=2, s=2, p=0, c=8), id="maxpool-2-2-0-vec8"),
+    pytest.param(case_avgpool, dict(c=24, accumulate=True), id="avgpool-vec8-accumulate"),
+    pytest.param(case_gap, dict(c=16, accumulate=False), id="gap-vec8"),
+    pytest.param(case_gap, dict(c=8, accumulate=True), id="gap-vec8-accumulate"),
     pytest.param(case_conv, dict(config="3x3", with_stats=True, accumulate=False), id="conv-3x3-bn-stats"),
     pytest.param(case_conv, dict(config="3x3-s2-grouped", with_stats=False, accumulate=True),
                  id="conv-3x3-s2-grouped"),

@@ -23,6 +23,8 @@ VECTOR_KERNELS = (
     "batchnorm_backward_reduce_vec8", "batchnorm_backward_dx_vec8",
     "add_forward_vec8", "accumulate_into_vec8", "cast_f32_to_f16_vec8", "fill_zero_u32_vec4",
     "sgd_step_vec4", "adam_step_vec4", "check_overflow_vec4",
+    "maxpool_forward_vec8", "maxpool_backward_vec8", "avgpool_forward_vec8", "avgpool_backward_vec8",
+    "gap_forward_vec8", "gap_backward_vec8",
     *[f"activation_{direction}_vec8.{prim.value}" for prim in ACTIVATIONS for direction in ("forward", "backward")],
     "depthwise_forward_vec8", "depthwise_backward_data_vec8", "depthwise_backward_weight_vec8",
 )
