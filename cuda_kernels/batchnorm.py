@@ -2,8 +2,8 @@
 
 Training forward is three steps, so that a convolution can do the first one in its
 epilogue (docs/internals/cuda-path.md, "Fusion in training"):
-1. statistics: per-channel sum and sum of squares, accumulated with atomics into
-   ``save_mean`` / ``save_invstd`` (used as accumulators, zeroed first);
+1. statistics: per-channel sum and sum of squares into ``save_mean`` / ``save_invstd`` (see the reductions
+   below; a convolution epilogue accumulates them with atomics instead, zeroing them first);
 2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
    updates the running statistics (biased variance normalises, unbiased one is tracked);
 3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
@@ -15,6 +15,11 @@ then scaled by ``1 / world_size``: the gradient all-reduce (an average) then lea
 replicas' own sums, which is what ``torch.nn.SyncBatchNorm`` under DDP gives ``gamma`` and ``beta``.
 The variance is ``E[x^2] - mean^2`` in fp32 (clamped at 0): fine for activations whose
 mean is not large against their spread.
+
+The reductions (statistics, and ``dgamma`` / ``dbeta`` in the backward) need no zero-fill launch: blocks add
+their column totals with fp32 atomics into a ``ReductionScratch`` accumulator, and the last block of each column
+of blocks to arrive (an arrival counter per column) stores the totals in the output and leaves the accumulator
+and its counter at zero for the next launch. A scratch serves the launches of one stream, one after another.
 
 Where ``channels % 8 == 0`` (and the arrays are 16-byte aligned) the ``_vec8`` kernels move 8 channels per
 16-byte access (``cuda_kernels.vector``): in the apply and ``dx`` each thread owns one vector of channels for
@@ -29,8 +34,8 @@ from numba import cuda
 from planner.ops import Prim
 
 from .collective import SINGLE_REPLICA
-from .elementwise import ACTIVATION_KERNELS, fill_zero
-from .registry import F1, F32, H1, I32, ONE, SIMULATOR, THREADS, ZERO, flat, grid_1d, kernel, nbt
+from .elementwise import ACTIVATION_KERNELS
+from .registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, THREADS, ZERO, flat, grid_1d, kernel, nbt
 from .vector import VEC8, channel_lanes, load8, sm_count, store8, vectorisable
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
@@ -44,23 +49,80 @@ def reduction_blocks():
     return 4 if SIMULATOR else REDUCTION_BLOCKS_PER_SM * sm_count()
 
 
+class ReductionScratch:
+    """The reductions' fp32 accumulator ``[2, channels]`` and int32 arrival counters (one per column of blocks),
+    zero between launches: allocated zeroed (like the array ``like``: a device array, or numpy in the dry run of
+    benchmarks/gpu, which has no device) and grown when a launch needs more; the launches recorded with a
+    smaller one keep theirs. Launches sharing a scratch must run one after another (one stream)."""
+
+    def __init__(self):
+        self.acc = self.arrivals = None
+
+    def views(self, like, channels, col_blocks):
+        host = isinstance(like, np.ndarray)
+        if self.acc is None or self.acc.size < 2 * channels or isinstance(self.acc, np.ndarray) != host:
+            self.acc = _zeros(max(2 * channels, 4096), np.float32, host)
+        if self.arrivals is None or self.arrivals.size < col_blocks or isinstance(self.arrivals, np.ndarray) != host:
+            self.arrivals = _zeros(max(col_blocks, 256), np.int32, host)
+        return self.acc[:2 * channels], self.arrivals[:col_blocks]
+
+
+def _zeros(n, dtype, host):
+    if host:
+        return np.zeros(n, dtype)
+    zeros = cuda.to_device(np.zeros(n, dtype))
+    cuda.synchronize()   # the copy ran on the legacy stream: done before any stream's kernel reads it
+    return zeros
+
+
+DEFAULT_SCRATCH = ReductionScratch()   # the launchers' when the caller gives none (one stream at a time)
+
+
 @cuda.jit(device=True)
-def _reduce_rows_and_add(s1, s2, a, b, out1, out2, c, tx, ty):
-    """Sum the ROWS lanes of the block in shared memory and add the totals to ``out[c]``."""
+def _publish_if_last(acc, arrivals, out1, out2, c, n, owner):
+    """Called by every thread once its block's atomics into ``acc`` are issued: the last block of this column of
+    blocks to arrive stores ``acc``'s totals for channels ``c .. c + n`` of each ``owner`` thread in ``out1`` /
+    ``out2`` and sets them, and the column's counter, back to zero."""
+    last = cuda.shared.array(1, nbt.int32)
+    cuda.threadfence()   # this block's atomics are visible before its arrival is
+    cuda.syncthreads()
+    first_thread = cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0
+    if first_thread:
+        last[0] = 1 if cuda.atomic.add(arrivals, cuda.blockIdx.x, 1) == cuda.gridDim.y - 1 else 0
+    cuda.syncthreads()
+    if last[0] == 1:
+        channels = out1.size
+        if owner:
+            for k in range(n):   # read where the atomics landed (an atomic add of 0), then clear
+                out1[c + k] = cuda.atomic.add(acc, c + k, ZERO)
+                out2[c + k] = cuda.atomic.add(acc, channels + c + k, ZERO)
+                acc[c + k] = ZERO
+                acc[channels + c + k] = ZERO
+        if first_thread:
+            arrivals[cuda.blockIdx.x] = 0
+
+
+@cuda.jit(device=True)
+def _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, out1, out2, c, tx, ty):
+    """Sum the ROWS lanes of the block in shared memory, add the totals to ``acc`` and publish them if last."""
     s1[ty, tx] = a
     s2[ty, tx] = b
     cuda.syncthreads()
-    if ty == 0:
+    owner = ty == 0 and c < out1.size
+    if owner:
         for r in range(1, ROWS):
             a += s1[r, tx]
             b += s2[r, tx]
-        if c < out1.size:
-            cuda.atomic.add(out1, c, a)
-            cuda.atomic.add(out2, c, b)
+        cuda.atomic.add(acc, c, a)
+        cuda.atomic.add(acc, out1.size + c, b)
+    _publish_if_last(acc, arrivals, out1, out2, c, 1, owner)
 
 
-@kernel("batchnorm_stats", (H1, F1, F1, I32, I32))
-def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
+_STATS = (H1, F1, F1, F1, I1, I32, I32)
+
+
+@kernel("batchnorm_stats", _STATS)
+def _batchnorm_stats(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -73,48 +135,51 @@ def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
             v = f32(x[r * channels + c])
             a += v
             b += v * v
-    _reduce_rows_and_add(s1, s2, a, b, sums, sumsq, c, tx, ty)
+    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, sums, sumsq, c, tx, ty)
 
 
 @cuda.jit(device=True)
 def _vector_columns(channels):
-    """This thread's place in a reduction block: ``(first channel, row lane, row lanes, active)``; the block
-    owns ``min(vectors, blockDim)`` vector columns of ``blockIdx.x`` and ``blockDim // columns`` row lanes."""
+    """This thread's place in a reduction block: ``(first channel, row lane, row lanes, columns, active)``; the
+    block owns ``columns = min(vectors, blockDim)`` vector columns of ``blockIdx.x`` and ``blockDim // columns``
+    row lanes."""
     vectors = channels // VEC8
     columns = min(vectors, i32(cuda.blockDim.x))
     lanes = i32(cuda.blockDim.x) // columns
     tx, lane = i32(cuda.threadIdx.x) % columns, i32(cuda.threadIdx.x) // columns
     v = i32(cuda.blockIdx.x) * columns + tx
-    return v * VEC8, lane, lanes, lane < lanes and v < vectors
+    return v * VEC8, lane, lanes, columns, lane < lanes and v < vectors
 
 
 @cuda.jit(device=True)
-def _reduce_lanes_and_add8(shared, a, b, out1, out2, c, lane, lanes, active):
+def _reduce_lanes_and_add8(shared, a, b, acc, arrivals, out1, out2, c, lane, lanes, columns, active):
     """Sum the ``a[0:8]`` / ``b[0:8]`` of the block's row lanes of each vector column in shared memory
-    (``shared[k, thread]``: consecutive threads, consecutive banks) and add the totals to ``out[c:c + 8]``."""
+    (``shared[k, thread]``: consecutive threads, consecutive banks), add the totals to ``acc`` and publish them
+    if last."""
     t = cuda.threadIdx.x
     for k in range(VEC8):
         shared[k, t] = a[k]
         shared[VEC8 + k, t] = b[k]
     cuda.syncthreads()
-    if active and lane == 0:
-        columns = i32(cuda.blockDim.x) // lanes
+    owner = active and lane == 0
+    if owner:
         for r in range(1, lanes):
             for k in range(VEC8):
                 a[k] += shared[k, t + r * columns]
                 b[k] += shared[VEC8 + k, t + r * columns]
         for k in range(VEC8):
-            cuda.atomic.add(out1, c + k, a[k])
-            cuda.atomic.add(out2, c + k, b[k])
+            cuda.atomic.add(acc, c + k, a[k])
+            cuda.atomic.add(acc, out1.size + c + k, b[k])
+    _publish_if_last(acc, arrivals, out1, out2, c, VEC8, owner)
 
 
-@kernel("batchnorm_stats_vec8", (H1, F1, F1, I32, I32))
-def _batchnorm_stats_vec8(x, sums, sumsq, channels, rows_per_block):
+@kernel("batchnorm_stats_vec8", _STATS)
+def _batchnorm_stats_vec8(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
     v = cuda.local.array(VEC8, nbt.float32)
-    c, lane, lanes, active = _vector_columns(channels)
+    c, lane, lanes, columns, active = _vector_columns(channels)
     for k in range(VEC8):
         a[k], b[k] = ZERO, ZERO
     if active:
@@ -124,7 +189,7 @@ def _batchnorm_stats_vec8(x, sums, sumsq, channels, rows_per_block):
             for k in range(VEC8):
                 a[k] += v[k]
                 b[k] += v[k] * v[k]
-    _reduce_lanes_and_add8(shared, a, b, sums, sumsq, c, lane, lanes, active)
+    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, sums, sumsq, c, lane, lanes, columns, active)
 
 
 @kernel("batchnorm_finalize", (F1, F1, F1, F1, I32, F32, F32))
@@ -220,8 +285,11 @@ def _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spre
         store8(y, i, v)
 
 
-@kernel("batchnorm_backward_reduce", (H1, H1, F1, F1, F1, F1, I32, I32))
-def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, rows_per_block):
+_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, I1, I32, I32)
+
+
+@kernel("batchnorm_backward_reduce", _BACKWARD_REDUCE)
+def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -235,11 +303,11 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, row
             g = f32(dy[r * channels + c])
             a += g
             b += g * (f32(x[r * channels + c]) - m) * s
-    _reduce_rows_and_add(s1, s2, a, b, dbeta, dgamma, c, tx, ty)
+    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, dbeta, dgamma, c, tx, ty)
 
 
-@kernel("batchnorm_backward_reduce_vec8", (H1, H1, F1, F1, F1, F1, I32, I32))
-def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, channels, rows_per_block):
+@kernel("batchnorm_backward_reduce_vec8", _BACKWARD_REDUCE)
+def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
@@ -247,7 +315,7 @@ def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, channels
     s = cuda.local.array(VEC8, nbt.float32)
     g = cuda.local.array(VEC8, nbt.float32)
     v = cuda.local.array(VEC8, nbt.float32)
-    c, lane, lanes, active = _vector_columns(channels)
+    c, lane, lanes, columns, active = _vector_columns(channels)
     for k in range(VEC8):
         a[k], b[k] = ZERO, ZERO
     if active:
@@ -261,7 +329,7 @@ def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, channels
             for k in range(VEC8):
                 a[k] += g[k]
                 b[k] += g[k] * (v[k] - m[k]) * s[k]
-    _reduce_lanes_and_add8(shared, a, b, dbeta, dgamma, c, lane, lanes, active)
+    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
 
 
 @kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
@@ -338,15 +406,14 @@ def _launch_per_channel(launcher, scalar, vec8, x2d, arrays, *args):
         launcher.launch(scalar, *grid_1d(x2d.size), *args)
 
 
-def batchnorm_stats(launcher, x2d, sums, sumsq):
-    """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (zeroes them first)."""
+def batchnorm_stats(launcher, x2d, sums, sumsq, scratch=None):
+    """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (overwritten; one launch)."""
     channels = tuple(x2d.shape)[-1]
     vector = vectorisable(channels, VEC8, x2d)
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
-    fill_zero(launcher, sums)
-    fill_zero(launcher, sumsq)
+    acc, arrivals = (scratch or DEFAULT_SCRATCH).views(sums, channels, grid[0])
     launcher.launch(_batchnorm_stats_vec8 if vector else _batchnorm_stats, grid, block, flat(x2d), sums, sumsq,
-                    np.int32(channels), rows_per_block)
+                    acc, arrivals, np.int32(channels), rows_per_block)
 
 
 def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, spread_is_var, eps):
@@ -364,13 +431,14 @@ def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, 
 
 def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
                             momentum, eps, activation=None, residual=None, sums_ready=False,
-                            collectives=SINGLE_REPLICA):
+                            collectives=SINGLE_REPLICA, scratch=None):
     """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
     accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``. ``collectives``: the step's
-    (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch."""
+    (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch.
+    ``scratch``: the reductions' ``ReductionScratch`` (``DEFAULT_SCRATCH`` if None)."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
-        batchnorm_stats(launcher, x2d, save_mean, save_invstd)
+        batchnorm_stats(launcher, x2d, save_mean, save_invstd, scratch)
     replicas = collectives.batchnorm_sums(launcher, "bn_statistics", save_mean, save_invstd)
     launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
                     np.int32(x2d.size // channels * replicas), np.float32(momentum), np.float32(eps))
@@ -389,16 +457,16 @@ def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, ep
 
 
 def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
-                       collectives=SINGLE_REPLICA):
+                       collectives=SINGLE_REPLICA, scratch=None):
     """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. With ``sync_batchnorm``
     ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise."""
     channels = tuple(x2d.shape)[-1]
     vector = vectorisable(channels, VEC8, x2d, dy2d)
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
-    fill_zero(launcher, dgamma)
-    fill_zero(launcher, dbeta)
+    acc, arrivals = (scratch or DEFAULT_SCRATCH).views(dgamma, channels, grid[0])
     launcher.launch(_batchnorm_backward_reduce_vec8 if vector else _batchnorm_backward_reduce, grid, block,
-                    flat(x2d), flat(dy2d), save_mean, save_invstd, dgamma, dbeta, np.int32(channels), rows_per_block)
+                    flat(x2d), flat(dy2d), save_mean, save_invstd, dgamma, dbeta, acc, arrivals, np.int32(channels),
+                    rows_per_block)
     if dx2d is None:
         return
     replicas = collectives.batchnorm_sums(launcher, "bn_gradient_sums", dgamma, dbeta)

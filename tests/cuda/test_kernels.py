@@ -209,6 +209,32 @@ def case_batchnorm_backward(rng, accumulate, m=40, c=3):
     check("dbeta", dbeta, dbeta_ref, "fp32")
 
 
+def case_batchnorm_scratch_reuse(rng, c):
+    """Two statistics launches and a backward reduction on one ``ReductionScratch``, with no zero-fill between:
+    each launch's last blocks leave the accumulator and arrival counters at zero for the next."""
+    scratch = batchnorm.ReductionScratch()
+    xs = [half(rng, (m, c), 2.0) for m in (21, 34)]
+    dy = half(rng, (34, c))
+    sums = [(garbage(c, np.float32), garbage(c, np.float32)) for _ in xs]
+    dgamma, dbeta = garbage(c, np.float32), garbage(c, np.float32)
+    mean, invstd = f64(xs[1]).mean(0).astype(np.float32), (1 / f64(xs[1]).std(0)).astype(np.float32)
+
+    def record(t):
+        for x, (s, q) in zip(xs, sums):
+            batchnorm.batchnorm_stats(t, dev(x), s, q, scratch)
+        batchnorm.batchnorm_backward(t, dev(xs[1]), dev(np.ones(c, np.float32)), dev(mean), dev(invstd), dev(dy),
+                                     None, dgamma, dbeta, False, scratch=scratch)
+    run(record)
+    for i, (x, (s, q)) in enumerate(zip(xs, sums)):
+        check(f"sum {i}", s, f64(x).sum(0), "stats")
+        check(f"sum of squares {i}", q, (f64(x) ** 2).sum(0), "stats")
+    _, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(xs[1]), np.ones(c), f64(mean), f64(invstd), f64(dy))
+    check("dgamma", dgamma, dgamma_ref, "stats")
+    check("dbeta", dbeta, dbeta_ref, "stats")
+    check("accumulator left at zero", scratch.acc, np.zeros(scratch.acc.size, np.float32), "exact")
+    check("arrival counters left at zero", scratch.arrivals, np.zeros(scratch.arrivals.size, np.int32), "exact")
+
+
 class _OtherShard(ReducingCollectives):
     """Sync BN's all-reduces with one other replica, whose per-channel sums ``others`` are given in call order:
     each ``sum`` adds the next of them (what NCCL's sum over the two replicas gives)."""
@@ -495,14 +521,18 @@ CASES = [
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
     pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
-    # 8-channel vectors (the _vec8 kernels): odd row counts, a grid whose threads do not divide the rows, and
-    # 72 channels (9 vectors: idle threads in the per-channel grid, a partial column block in the reductions)
+    # 8-channel vectors (the _vec8 kernels): odd row counts, a grid whose threads do not divide the rows,
+    # 24 channels (3 vectors: row lanes that do not fill a reduction block) and 72 (9 vectors: idle threads in
+    # the per-channel grid, a partial column block in the reductions)
     pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True, m=37, c=16),
                  id="bn-train-residual-relu-vec8"),
+    pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False, m=29, c=24), id="bn-train-vec8-24"),
     pytest.param(case_batchnorm_train, dict(activation="relu6", with_residual=False, m=13, c=72),
                  id="bn-train-relu6-vec8-72"),
     pytest.param(case_batchnorm_eval, dict(m=9, c=24), id="bn-eval-relu-vec8"),
-    pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=16), id="bn-backward-vec8"),
+    pytest.param(case_batchnorm_scratch_reuse, dict(c=5), id="bn-scratch-reuse"),
+    pytest.param(case_batchnorm_scratch_reuse, dict(c=16), id="bn-scratch-reuse-vec8"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=24), id="bn-backward-vec8"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True, m=11, c=72), id="bn-backward-accumulate-vec8-72"),
     pytest.param(case_maxpool, dict(k=3, s=2, p=1), id="maxpool-3-2-1"),
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
