@@ -13,6 +13,7 @@ access. Per-channel kernels give each thread one vector of channels for the whol
 """
 import functools
 import math
+import re
 
 from llvmlite import ir
 from numba import cuda
@@ -29,6 +30,13 @@ f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 BLOCKS_PER_SM = 8
 #: SMs assumed where no device answers (the dry run, the PTX tier): an H200's.
 DEFAULT_SM_COUNT = 132
+
+
+def one_element_name(name):
+    """The table name of the one-element twin of kernel ``name`` (``name`` itself for one that is not a vector
+    kernel): ``add_forward_vec8`` -> ``add_forward``, ``activation_forward_vec8.relu`` -> ``activation_forward.relu``.
+    """
+    return re.sub(r"_vec[48]\b", "", name)
 
 
 @functools.lru_cache(maxsize=None)
