@@ -36,7 +36,7 @@ from planner.ops import Prim
 from .collective import SINGLE_REPLICA
 from .elementwise import ACTIVATION_KERNELS
 from .registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, THREADS, ZERO, flat, grid_1d, kernel, nbt
-from .vector import VEC8, channel_lanes, load8, sm_count, store8, vectorisable
+from .vector import VEC8, channel_lanes, grid_vectors, load8, sm_count, store8, vectorisable
 
 f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 # reduction block: 32 channels x 8 row lanes (the simulator, one Python thread each: 8 x 2)
@@ -403,7 +403,7 @@ def _launch_per_channel(launcher, scalar, vec8, x2d, arrays, *args):
     if vectorisable(channels, VEC8, *arrays):
         launcher.launch(vec8, *channel_lanes(x2d.size // channels, channels // VEC8), *args)
     else:
-        launcher.launch(scalar, *grid_1d(x2d.size), *args)
+        launcher.launch(scalar, *grid_vectors(x2d.size), *args)
 
 
 def batchnorm_stats(launcher, x2d, sums, sumsq, scratch=None):
