@@ -75,6 +75,7 @@ class StepContext:
         self.gemm = gemm_kernels(self.kernels)
         self.consumers = Counter(v for prim in self.plan.primitives for v in prim.inputs)
         self.positions = layer_positions(self.plan)
+        self.reduction = batchnorm.ReductionScratch()   # the BN reductions' accumulator (this step's stream)
 
 
 class _OpView:
@@ -182,7 +183,7 @@ def _batchnorm_forward(launcher, ov, step, mode):
             launcher, x2d, gamma, beta, y2d, ov.written(Role.SAVE_MEAN, at), ov.written(Role.SAVE_INVSTD, at),
             ov.param(step.position, Role.RUNNING_MEAN), ov.param(step.position, Role.RUNNING_VAR), prim.param("momentum"),
             eps, activation=activation, residual=residual, sums_ready=step.sums_ready,
-            collectives=ov.ctx.collectives)
+            collectives=ov.ctx.collectives, scratch=ov.ctx.reduction)
     elif mode == "eval":
         batchnorm.batchnorm_forward_eval(launcher, x2d, gamma, beta, ov.param(step.position, Role.RUNNING_MEAN),
                                           ov.param(step.position, Role.RUNNING_VAR), eps, y2d, activation=activation,
@@ -477,7 +478,8 @@ def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
     saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
     batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
                                   as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
-                                  _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives)
+                                  _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives,
+                                  scratch=ov.ctx.reduction)
 
 
 def _input_only(backward):

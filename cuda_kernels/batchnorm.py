@@ -2,8 +2,8 @@
 
 Training forward is three steps, so that a convolution can do the first one in its
 epilogue (docs/internals/cuda-path.md, "Fusion in training"):
-1. statistics: per-channel sum and sum of squares, accumulated with atomics into
-   ``save_mean`` / ``save_invstd`` (used as accumulators, zeroed first);
+1. statistics: per-channel sum and sum of squares into ``save_mean`` / ``save_invstd`` (see the reductions
+   below; a convolution epilogue accumulates them with atomics instead, zeroing them first);
 2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
    updates the running statistics (biased variance normalises, unbiased one is tracked);
 3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
@@ -15,6 +15,16 @@ then scaled by ``1 / world_size``: the gradient all-reduce (an average) then lea
 replicas' own sums, which is what ``torch.nn.SyncBatchNorm`` under DDP gives ``gamma`` and ``beta``.
 The variance is ``E[x^2] - mean^2`` in fp32 (clamped at 0): fine for activations whose
 mean is not large against their spread.
+
+The reductions (statistics, and ``dgamma`` / ``dbeta`` in the backward) need no zero-fill launch: blocks add
+their column totals with fp32 atomics into a ``ReductionScratch`` accumulator, and the last block of each column
+of blocks to arrive (an arrival counter per column) stores the totals in the output and leaves the accumulator
+and its counter at zero for the next launch. A scratch serves the launches of one stream, one after another.
+
+Where ``channels % 8 == 0`` (and the arrays are 16-byte aligned) the ``_vec8`` kernels move 8 channels per
+16-byte access (``cuda_kernels.vector``): in the apply and ``dx`` each thread owns one vector of channels for
+the whole launch (its per-channel constants loaded once, no per-element division); in the reductions a block
+owns up to ``THREADS`` vector columns and sums its rows in shared memory before one atomic per channel.
 """
 import math
 
@@ -24,32 +34,95 @@ from numba import cuda
 from planner.ops import Prim
 
 from .collective import SINGLE_REPLICA
-from .elementwise import ACTIVATION_KERNELS, fill_zero
-from .registry import F1, F32, H1, I32, ONE, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
+from .elementwise import ACTIVATION_KERNELS
+from .registry import F1, F32, H1, I1, I32, ONE, SIMULATOR, THREADS, ZERO, flat, grid_1d, kernel, nbt
+from .vector import VEC8, channel_lanes, grid_vectors, load8, sm_count, store8, vectorisable
 
-f16, f32 = nbt.float16, nbt.float32
+f16, f32, i32 = nbt.float16, nbt.float32, nbt.int32
 # reduction block: 32 channels x 8 row lanes (the simulator, one Python thread each: 8 x 2)
 COLS, ROWS = (8, 2) if SIMULATOR else (32, 8)
-TARGET_BLOCKS = 4 if SIMULATOR else 528  # about 4 blocks per SM on an H200 (132 SMs)
+SUMS8 = 16   # a vector reduction's shared rows: 8 channels x two sums
+REDUCTION_BLOCKS_PER_SM = 4   # the reductions' grids: about 4 blocks per SM (each block one atomic per channel)
+
+
+def reduction_blocks():
+    return 4 if SIMULATOR else REDUCTION_BLOCKS_PER_SM * sm_count()
+
+
+class ReductionScratch:
+    """The reductions' fp32 accumulator ``[2, channels]`` and int32 arrival counters (one per column of blocks),
+    zero between launches: allocated zeroed (like the array ``like``: a device array, or numpy in the dry run of
+    benchmarks/gpu, which has no device) and grown when a launch needs more; the launches recorded with a
+    smaller one keep theirs. Launches sharing a scratch must run one after another (one stream)."""
+
+    def __init__(self):
+        self.acc = self.arrivals = None
+
+    def views(self, like, channels, col_blocks):
+        host = isinstance(like, np.ndarray)
+        if self.acc is None or self.acc.size < 2 * channels or isinstance(self.acc, np.ndarray) != host:
+            self.acc = _zeros(max(2 * channels, 4096), np.float32, host)
+        if self.arrivals is None or self.arrivals.size < col_blocks or isinstance(self.arrivals, np.ndarray) != host:
+            self.arrivals = _zeros(max(col_blocks, 256), np.int32, host)
+        return self.acc[:2 * channels], self.arrivals[:col_blocks]
+
+
+def _zeros(n, dtype, host):
+    if host:
+        return np.zeros(n, dtype)
+    zeros = cuda.to_device(np.zeros(n, dtype))
+    cuda.synchronize()   # the copy ran on the legacy stream: done before any stream's kernel reads it
+    return zeros
+
+
+DEFAULT_SCRATCH = ReductionScratch()   # the launchers' when the caller gives none (one stream at a time)
 
 
 @cuda.jit(device=True)
-def _reduce_rows_and_add(s1, s2, a, b, out1, out2, c, tx, ty):
-    """Sum the ROWS lanes of the block in shared memory and add the totals to ``out[c]``."""
+def _publish_if_last(acc, arrivals, out1, out2, c, n, owner):
+    """Called by every thread once its block's atomics into ``acc`` are issued: the last block of this column of
+    blocks to arrive stores ``acc``'s totals for channels ``c .. c + n`` of each ``owner`` thread in ``out1`` /
+    ``out2`` and sets them, and the column's counter, back to zero."""
+    last = cuda.shared.array(1, nbt.int32)
+    cuda.threadfence()   # this block's atomics are visible before its arrival is
+    cuda.syncthreads()
+    first_thread = cuda.threadIdx.x == 0 and cuda.threadIdx.y == 0
+    if first_thread:
+        last[0] = 1 if cuda.atomic.add(arrivals, cuda.blockIdx.x, 1) == cuda.gridDim.y - 1 else 0
+    cuda.syncthreads()
+    if last[0] == 1:
+        channels = out1.size
+        if owner:
+            for k in range(n):   # read where the atomics landed (an atomic add of 0), then clear
+                out1[c + k] = cuda.atomic.add(acc, c + k, ZERO)
+                out2[c + k] = cuda.atomic.add(acc, channels + c + k, ZERO)
+                acc[c + k] = ZERO
+                acc[channels + c + k] = ZERO
+        if first_thread:
+            arrivals[cuda.blockIdx.x] = 0
+
+
+@cuda.jit(device=True)
+def _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, out1, out2, c, tx, ty):
+    """Sum the ROWS lanes of the block in shared memory, add the totals to ``acc`` and publish them if last."""
     s1[ty, tx] = a
     s2[ty, tx] = b
     cuda.syncthreads()
-    if ty == 0:
+    owner = ty == 0 and c < out1.size
+    if owner:
         for r in range(1, ROWS):
             a += s1[r, tx]
             b += s2[r, tx]
-        if c < out1.size:
-            cuda.atomic.add(out1, c, a)
-            cuda.atomic.add(out2, c, b)
+        cuda.atomic.add(acc, c, a)
+        cuda.atomic.add(acc, out1.size + c, b)
+    _publish_if_last(acc, arrivals, out1, out2, c, 1, owner)
 
 
-@kernel("batchnorm_stats", (H1, F1, F1, I32, I32))
-def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
+_STATS = (H1, F1, F1, F1, I1, I32, I32)
+
+
+@kernel("batchnorm_stats", _STATS)
+def _batchnorm_stats(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -62,7 +135,61 @@ def _batchnorm_stats(x, sums, sumsq, channels, rows_per_block):
             v = f32(x[r * channels + c])
             a += v
             b += v * v
-    _reduce_rows_and_add(s1, s2, a, b, sums, sumsq, c, tx, ty)
+    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, sums, sumsq, c, tx, ty)
+
+
+@cuda.jit(device=True)
+def _vector_columns(channels):
+    """This thread's place in a reduction block: ``(first channel, row lane, row lanes, columns, active)``; the
+    block owns ``columns = min(vectors, blockDim)`` vector columns of ``blockIdx.x`` and ``blockDim // columns``
+    row lanes."""
+    vectors = channels // VEC8
+    columns = min(vectors, i32(cuda.blockDim.x))
+    lanes = i32(cuda.blockDim.x) // columns
+    tx, lane = i32(cuda.threadIdx.x) % columns, i32(cuda.threadIdx.x) // columns
+    v = i32(cuda.blockIdx.x) * columns + tx
+    return v * VEC8, lane, lanes, columns, lane < lanes and v < vectors
+
+
+@cuda.jit(device=True)
+def _reduce_lanes_and_add8(shared, a, b, acc, arrivals, out1, out2, c, lane, lanes, columns, active):
+    """Sum the ``a[0:8]`` / ``b[0:8]`` of the block's row lanes of each vector column in shared memory
+    (``shared[k, thread]``: consecutive threads, consecutive banks), add the totals to ``acc`` and publish them
+    if last."""
+    t = cuda.threadIdx.x
+    for k in range(VEC8):
+        shared[k, t] = a[k]
+        shared[VEC8 + k, t] = b[k]
+    cuda.syncthreads()
+    owner = active and lane == 0
+    if owner:
+        for r in range(1, lanes):
+            for k in range(VEC8):
+                a[k] += shared[k, t + r * columns]
+                b[k] += shared[VEC8 + k, t + r * columns]
+        for k in range(VEC8):
+            cuda.atomic.add(acc, c + k, a[k])
+            cuda.atomic.add(acc, out1.size + c + k, b[k])
+    _publish_if_last(acc, arrivals, out1, out2, c, VEC8, owner)
+
+
+@kernel("batchnorm_stats_vec8", _STATS)
+def _batchnorm_stats_vec8(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
+    shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
+    a = cuda.local.array(VEC8, nbt.float32)
+    b = cuda.local.array(VEC8, nbt.float32)
+    v = cuda.local.array(VEC8, nbt.float32)
+    c, lane, lanes, columns, active = _vector_columns(channels)
+    for k in range(VEC8):
+        a[k], b[k] = ZERO, ZERO
+    if active:
+        start = i32(cuda.blockIdx.y) * rows_per_block
+        for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
+            load8(v, x, r * channels + c)
+            for k in range(VEC8):
+                a[k] += v[k]
+                b[k] += v[k] * v[k]
+    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, sums, sumsq, c, lane, lanes, columns, active)
 
 
 @kernel("batchnorm_finalize", (F1, F1, F1, F1, I32, F32, F32))
@@ -113,8 +240,56 @@ def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channel
         y[i] = f16(_clamp(v, clamp))
 
 
-@kernel("batchnorm_backward_reduce", (H1, H1, F1, F1, F1, F1, I32, I32))
-def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, rows_per_block):
+@kernel("batchnorm_apply_vec8", _APPLY)
+def _batchnorm_apply_vec8(x, mean, spread, gamma, beta, y, channels, clamp, spread_is_var, eps):
+    _apply_vec8(x, mean, spread, gamma, beta, x, y, channels, clamp, spread_is_var, eps, False)
+
+
+@kernel("batchnorm_apply_residual_vec8", _APPLY[:5] + (H1,) + _APPLY[5:])
+def _batchnorm_apply_residual_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps):
+    _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps, True)
+
+
+@cuda.jit(device=True)
+def _channel_lane(channels):
+    """``(first channel, first row, row stride)`` of this thread in a per-channel grid (``channel_lanes``):
+    the grid's threads cover ``lanes`` rows at a time, each thread the same vector of channels in each."""
+    vectors = channels // VEC8
+    t, lanes = i32(cuda.grid(1)), i32(cuda.gridsize(1)) // vectors
+    return (t % vectors) * VEC8, t // vectors, lanes
+
+
+@cuda.jit(device=True)
+def _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps, with_residual):
+    m = cuda.local.array(VEC8, nbt.float32)
+    scale = cuda.local.array(VEC8, nbt.float32)
+    shift = cuda.local.array(VEC8, nbt.float32)
+    v = cuda.local.array(VEC8, nbt.float32)
+    res = cuda.local.array(VEC8, nbt.float32)
+    c, first, lanes = _channel_lane(channels)
+    if first >= lanes:
+        return
+    for k in range(VEC8):
+        invstd = ONE / math.sqrt(spread[c + k] + eps) if spread_is_var else spread[c + k]
+        m[k], scale[k], shift[k] = mean[c + k], invstd * gamma[c + k], beta[c + k]
+    for r in range(first, i32(x.size) // channels, lanes):
+        i = r * channels + c
+        load8(v, x, i)
+        if with_residual:
+            load8(res, residual, i)
+        for k in range(VEC8):
+            u = (v[k] - m[k]) * scale[k] + shift[k]
+            if with_residual:
+                u += res[k]
+            v[k] = _clamp(u, clamp)
+        store8(y, i, v)
+
+
+_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, I1, I32, I32)
+
+
+@kernel("batchnorm_backward_reduce", _BACKWARD_REDUCE)
+def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -128,7 +303,33 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, channels, row
             g = f32(dy[r * channels + c])
             a += g
             b += g * (f32(x[r * channels + c]) - m) * s
-    _reduce_rows_and_add(s1, s2, a, b, dbeta, dgamma, c, tx, ty)
+    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, dbeta, dgamma, c, tx, ty)
+
+
+@kernel("batchnorm_backward_reduce_vec8", _BACKWARD_REDUCE)
+def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
+    shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
+    a = cuda.local.array(VEC8, nbt.float32)
+    b = cuda.local.array(VEC8, nbt.float32)
+    m = cuda.local.array(VEC8, nbt.float32)
+    s = cuda.local.array(VEC8, nbt.float32)
+    g = cuda.local.array(VEC8, nbt.float32)
+    v = cuda.local.array(VEC8, nbt.float32)
+    c, lane, lanes, columns, active = _vector_columns(channels)
+    for k in range(VEC8):
+        a[k], b[k] = ZERO, ZERO
+    if active:
+        for k in range(VEC8):
+            m[k], s[k] = mean[c + k], invstd[c + k]
+        start = i32(cuda.blockIdx.y) * rows_per_block
+        for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
+            i = r * channels + c
+            load8(g, dy, i)
+            load8(v, x, i)
+            for k in range(VEC8):
+                a[k] += g[k]
+                b[k] += g[k] * (v[k] - m[k]) * s[k]
+    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
 
 
 @kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
@@ -143,6 +344,38 @@ def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channe
         dx[i] = f16(v)
 
 
+@kernel("batchnorm_backward_dx_vec8", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
+def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate, replicas):
+    m = cuda.local.array(VEC8, nbt.float32)
+    s = cuda.local.array(VEC8, nbt.float32)
+    gs = cuda.local.array(VEC8, nbt.float32)
+    kb = cuda.local.array(VEC8, nbt.float32)
+    kg = cuda.local.array(VEC8, nbt.float32)
+    xv = cuda.local.array(VEC8, nbt.float32)
+    gv = cuda.local.array(VEC8, nbt.float32)
+    out = cuda.local.array(VEC8, nbt.float32)
+    rows = i32(x.size) // channels
+    inv_rows = ONE / f32(rows * replicas)   # sync BN: dgamma, dbeta are sums over the replicas
+    c, first, lanes = _channel_lane(channels)
+    if first >= lanes:
+        return
+    for k in range(VEC8):
+        m[k], s[k] = mean[c + k], invstd[c + k]
+        gs[k], kb[k], kg[k] = gamma[c + k] * s[k], dbeta[c + k] * inv_rows, dgamma[c + k] * inv_rows
+    for r in range(first, rows, lanes):
+        i = r * channels + c
+        load8(xv, x, i)
+        load8(gv, dy, i)
+        if accumulate:
+            load8(out, dx, i)
+        else:
+            for k in range(VEC8):
+                out[k] = ZERO
+        for k in range(VEC8):
+            out[k] += gs[k] * (gv[k] - (kb[k] + (xv[k] - m[k]) * s[k] * kg[k]))
+        store8(dx, i, out)
+
+
 @kernel("batchnorm_replica_share", (F1, F1, F32))
 def _batchnorm_replica_share(dgamma, dbeta, inverse_world_size):
     for c in range(cuda.grid(1), dgamma.size, cuda.gridsize(1)):
@@ -150,20 +383,37 @@ def _batchnorm_replica_share(dgamma, dbeta, inverse_world_size):
         dbeta[c] *= inverse_world_size
 
 
-def _reduction_grid(rows, channels):
-    col_blocks = math.ceil(channels / COLS)
-    splits = max(1, min(math.ceil(TARGET_BLOCKS / col_blocks), math.ceil(rows / (4 * ROWS))))
+def _reduction_grid(rows, channels, vector):
+    """``(grid, block, rows_per_block)`` of a reduction: column blocks x row splits, about
+    ``reduction_blocks()`` blocks in all, each split at least 4 rows per row lane."""
+    if vector:
+        columns = min(channels // VEC8, THREADS)
+        col_blocks, lanes, block = math.ceil(channels // VEC8 / columns), THREADS // columns, THREADS
+    else:
+        col_blocks, lanes, block = math.ceil(channels / COLS), ROWS, (COLS, ROWS)
+    splits = max(1, min(math.ceil(reduction_blocks() / col_blocks), math.ceil(rows / (4 * lanes))))
     rows_per_block = math.ceil(rows / splits)
-    return (col_blocks, math.ceil(rows / rows_per_block)), (COLS, ROWS), np.int32(rows_per_block)
+    return (col_blocks, math.ceil(rows / rows_per_block)), block, np.int32(rows_per_block)
 
 
-def batchnorm_stats(launcher, x2d, sums, sumsq):
-    """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (zeroes them first)."""
+def _launch_per_channel(launcher, scalar, vec8, x2d, arrays, *args):
+    """The ``_vec8`` kernel on its per-channel grid where ``channels % 8 == 0`` and ``arrays`` are 16-byte
+    aligned, else the one-element kernel on a flat grid."""
     channels = tuple(x2d.shape)[-1]
-    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
-    fill_zero(launcher, sums)
-    fill_zero(launcher, sumsq)
-    launcher.launch(_batchnorm_stats, grid, block, flat(x2d), sums, sumsq, np.int32(channels), rows_per_block)
+    if vectorisable(channels, VEC8, *arrays):
+        launcher.launch(vec8, *channel_lanes(x2d.size // channels, channels // VEC8), *args)
+    else:
+        launcher.launch(scalar, *grid_vectors(x2d.size), *args)
+
+
+def batchnorm_stats(launcher, x2d, sums, sumsq, scratch=None):
+    """``sums[c] = sum_m x[m, c]``, ``sumsq[c] = sum_m x[m, c]**2`` (overwritten; one launch)."""
+    channels = tuple(x2d.shape)[-1]
+    vector = vectorisable(channels, VEC8, x2d)
+    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
+    acc, arrivals = (scratch or DEFAULT_SCRATCH).views(sums, channels, grid[0])
+    launcher.launch(_batchnorm_stats_vec8 if vector else _batchnorm_stats, grid, block, flat(x2d), sums, sumsq,
+                    acc, arrivals, np.int32(channels), rows_per_block)
 
 
 def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, spread_is_var, eps):
@@ -173,20 +423,22 @@ def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, 
     tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(CLAMP[activation]), np.int32(spread_is_var),
             np.float32(eps))
     if residual is None:
-        launcher.launch(_batchnorm_apply, *grid_1d(x2d.size), *head, *tail)
+        _launch_per_channel(launcher, _batchnorm_apply, _batchnorm_apply_vec8, x2d, (x2d, y2d), *head, *tail)
     else:
-        launcher.launch(_batchnorm_apply_residual, *grid_1d(x2d.size), *head, flat(residual), *tail)
+        _launch_per_channel(launcher, _batchnorm_apply_residual, _batchnorm_apply_residual_vec8, x2d,
+                            (x2d, y2d, residual), *head, flat(residual), *tail)
 
 
 def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
                             momentum, eps, activation=None, residual=None, sums_ready=False,
-                            collectives=SINGLE_REPLICA):
+                            collectives=SINGLE_REPLICA, scratch=None):
     """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
     accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``. ``collectives``: the step's
-    (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch."""
+    (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch.
+    ``scratch``: the reductions' ``ReductionScratch`` (``DEFAULT_SCRATCH`` if None)."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
-        batchnorm_stats(launcher, x2d, save_mean, save_invstd)
+        batchnorm_stats(launcher, x2d, save_mean, save_invstd, scratch)
     replicas = collectives.batchnorm_sums(launcher, "bn_statistics", save_mean, save_invstd)
     launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
                     np.int32(x2d.size // channels * replicas), np.float32(momentum), np.float32(eps))
@@ -205,20 +457,21 @@ def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, ep
 
 
 def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
-                       collectives=SINGLE_REPLICA):
+                       collectives=SINGLE_REPLICA, scratch=None):
     """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. With ``sync_batchnorm``
     ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise."""
     channels = tuple(x2d.shape)[-1]
-    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels)
-    fill_zero(launcher, dgamma)
-    fill_zero(launcher, dbeta)
-    launcher.launch(_batchnorm_backward_reduce, grid, block, flat(x2d), flat(dy2d), save_mean, save_invstd,
-                    dgamma, dbeta, np.int32(channels), rows_per_block)
+    vector = vectorisable(channels, VEC8, x2d, dy2d)
+    grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
+    acc, arrivals = (scratch or DEFAULT_SCRATCH).views(dgamma, channels, grid[0])
+    launcher.launch(_batchnorm_backward_reduce_vec8 if vector else _batchnorm_backward_reduce, grid, block,
+                    flat(x2d), flat(dy2d), save_mean, save_invstd, dgamma, dbeta, acc, arrivals, np.int32(channels),
+                    rows_per_block)
     if dx2d is None:
         return
     replicas = collectives.batchnorm_sums(launcher, "bn_gradient_sums", dgamma, dbeta)
-    launcher.launch(_batchnorm_backward_dx, *grid_1d(x2d.size), flat(x2d), flat(dy2d), save_mean,
-                    save_invstd, gamma, dgamma, dbeta, flat(dx2d), np.int32(channels), np.int32(accumulate),
-                    np.int32(replicas))
+    _launch_per_channel(launcher, _batchnorm_backward_dx, _batchnorm_backward_dx_vec8, x2d, (x2d, dy2d, dx2d),
+                        flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, dgamma, dbeta, flat(dx2d),
+                        np.int32(channels), np.int32(accumulate), np.int32(replicas))
     if replicas > 1:
         launcher.launch(_batchnorm_replica_share, *grid_1d(channels), dgamma, dbeta, np.float32(1.0 / replicas))

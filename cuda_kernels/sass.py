@@ -219,3 +219,21 @@ def kernel_sass(name, cc=(9, 0)):
     from .mma_tiles import TILES
     tile = next(t for t in TILES if name.endswith("_" + t.name))
     return spec_sass(all_mma_kernels()[name], tile.threads, cc)
+
+
+def narrow_accesses(accesses, at_most=2):
+    """The entries of ``global_accesses`` that move at most ``at_most`` bytes per thread (2: one fp16 at a time):
+    what a kernel with a 16-byte vector path must not contain."""
+    return {key: count for key, count in accesses.items() if key[1] <= at_most}
+
+
+@functools.lru_cache(maxsize=None)
+def memory_kernel_sass(name, cc=(9, 0)):
+    """``(KernelSass, ptxas -v text)`` of SIMT kernel ``name`` of ``registry``'s table, at its block size."""
+    from .registry import THREADS, all_kernels
+    spec = all_kernels()[name]
+    sass, info = assemble(compile_for(spec, cc), cc)
+    instructions = parse(sass)
+    return KernelSass(spec.name, loop_stats(main_loop(instructions)), registers(info), static_shared(info),
+                      blocks_per_sm(registers(info), THREADS, static_shared(info)), THREADS,
+                      global_accesses(instructions)), info

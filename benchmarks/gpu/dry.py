@@ -158,7 +158,8 @@ def dry_run_steps(only, used):
         used.update(names)
         launches[name] = len(names)
         assert classes == model.classes, f"{name}: the plan has {classes} classes, the model says {model.classes}"
-        assert "count_correct" in names and "sgd_step" in names, f"{name}: the recorded step lacks its loss/update"
+        assert "count_correct" in names and {"sgd_step", "sgd_step_vec4"} & set(names), \
+            f"{name}: the recorded step lacks its loss/update"
         print(f"  {name:24s} {str(shape):>17s} {', '.join(sections):34s} {len(plan.graphs['train'].ops):4d} "
               f"{plan.params_trainable:11,d} {plan.memory.arena_bytes / MIB:9.1f} {len(names):8d}  "
               f"{_fused_kinds(plan)} ({time.time() - started:.1f} s)")

@@ -266,14 +266,14 @@ def overflow_and_cast_case(mem, rng, n):
                 0, 4 * n + 6 * n)
 
 
-def elementwise_case(mem, rng, n):
+def elementwise_case(mem, rng, n, c=16):
     """The small elementwise kernels in one row: activation backward, add, accumulate, channel
-    pad, dropout backward, fp16 zeroing."""
-    (hx, x), (hdy, dy) = mem.random(rng, (n, 16), np.float16, 3.0), mem.random(rng, (n, 16), np.float16)
-    (hm, mask), dx = mem.random(rng, (n, 16), np.uint8, 2), mem.output((n, 16), np.float16)
-    added, acc = mem.output((n, 16), np.float16), mem.constant(hdy)
-    padded, unpadded = mem.output((n, 24), np.float16), mem.output((n, 16), np.float16)
-    dropped, zeroed = mem.output((n, 16), np.float16), mem.constant(hdy)
+    pad, dropout backward, fp16 zeroing (``n * c`` odd: the one-element kernels)."""
+    (hx, x), (hdy, dy) = mem.random(rng, (n, c), np.float16, 3.0), mem.random(rng, (n, c), np.float16)
+    (hm, mask), dx = mem.random(rng, (n, c), np.uint8, 2), mem.output((n, c), np.float16)
+    added, acc = mem.output((n, c), np.float16), mem.constant(hdy)
+    padded, unpadded = mem.output((n, 24), np.float16), mem.output((n, c), np.float16)
+    dropped, zeroed = mem.output((n, c), np.float16), mem.constant(hdy)
 
     def record(t):
         elementwise.activation_backward(t, Prim.HARDSWISH, x, dy, dx, (), False)
@@ -291,7 +291,7 @@ def elementwise_case(mem, rng, n):
                 "pad": (ref.channel_pad_forward(hx, 24), "exact"), "unpad": (hx, "exact"),
                 "dropout dx": (ref.dropout_backward(hm, dy64, 0.2), "fp16"), "zero": (np.zeros_like(hdy), "exact")}
     return Case(record, {"dx": dx, "add": added, "accumulate": acc, "pad": padded, "unpad": unpadded,
-                         "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * 16)
+                         "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * c)
 
 
 def squeeze_excitation_case(mem, rng, batch, h, c):
@@ -423,4 +423,16 @@ def table(batch):
     n_params = PARAMETERS if batch == TIMING_BATCH else 1 << 16
     rows["adamw region"] = lambda mem, rng: adam_case(mem, rng, n_params)
     rows["overflow+cast region"] = lambda mem, rng: overflow_and_cast_case(mem, rng, n_params)
+    # The one-element twins of the 16-byte vector kernels (cuda_kernels.vector): channels % 8 != 0, odd sizes
+    for direction in ("fwd", "bwd"):
+        rows[f"batchnorm 60ch {direction}"] = lambda mem, rng, d=direction: batchnorm_case(
+            mem, rng, batch * 32 * 32, 60, d)
+    rows["activations one-element"] = lambda mem, rng: activations_case(mem, rng, batch * 1024 + 3)
+    rows["maxpool 3-2-1 60ch"] = lambda mem, rng: maxpool_case(mem, rng, batch, 32, 60)
+    rows["gap 8x8x60"] = lambda mem, rng: gap_case(mem, rng, batch, 8, 60)
+    rows["pool backward 60ch"] = lambda mem, rng: pool_backward_case(mem, rng, batch, 32, 60)
+    rows["elementwise small one-element"] = lambda mem, rng: elementwise_case(mem, rng, batch * 1024 + 1, 15)
+    rows["bn eval residual + sgd one-element"] = lambda mem, rng: residual_bn_case(mem, rng, batch * 1024 + 1, 60)
+    rows["adamw region one-element"] = lambda mem, rng: adam_case(mem, rng, (1 << 16) + 1)
+    rows["overflow+cast region one-element"] = lambda mem, rng: overflow_and_cast_case(mem, rng, (1 << 16) + 1)
     return rows

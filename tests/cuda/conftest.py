@@ -34,7 +34,7 @@ _NEEDS_REAL_NUMBA_CUDA = ("compile_ptx and the package checks need the real numb
 
 _HERE = Path(__file__).parent
 # Files that need the real numba.cuda (compile_ptx; the installed packages' classes and signatures) and no GPU
-REAL_NUMBA_CUDA_FILES = ("test_ptx.py", "test_gpu_assumptions.py", "test_sass_budget.py")
+REAL_NUMBA_CUDA_FILES = ("test_ptx.py", "test_gpu_assumptions.py", "test_sass_budget.py", "test_vector_access.py")
 
 
 def pytest_collection_modifyitems(config, items):

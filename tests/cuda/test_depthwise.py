@@ -10,11 +10,12 @@ import pytest
 from cuda_kernels import _conv
 from cuda_kernels.registry import SIMULATOR
 
+VECTOR_BACKWARD = ["fill_zero_u32_vec4", "depthwise_backward_weight_vec8", "depthwise_backward_data_vec8"]
 SELECTION = [  # (channels, forward kernel, backward kernels)
-    (8, "depthwise_forward_vec8", ["fill_zero_u32", "depthwise_backward_weight_vec8", "depthwise_backward_data_vec8"]),
-    (24, "depthwise_forward_vec8", ["fill_zero_u32", "depthwise_backward_weight_vec8", "depthwise_backward_data_vec8"]),
-    (12, "depthwise_forward", ["fill_zero_u32", "depthwise_backward_weight", "depthwise_backward_data"]),
-    (4, "depthwise_forward", ["fill_zero_u32", "depthwise_backward_weight", "depthwise_backward_data"]),
+    (8, "depthwise_forward_vec8", VECTOR_BACKWARD),
+    (24, "depthwise_forward_vec8", VECTOR_BACKWARD),
+    (12, "depthwise_forward", ["fill_zero_u32_vec4", "depthwise_backward_weight", "depthwise_backward_data"]),
+    (4, "depthwise_forward", ["fill_zero_u32_vec4", "depthwise_backward_weight", "depthwise_backward_data"]),
 ]
 
 

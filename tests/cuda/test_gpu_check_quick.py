@@ -27,6 +27,7 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     from benchmarks.gpu.budget import Budget, FrozenClock
     from benchmarks.gpu.step_common import StepModel
     from cuda_kernels import graph
+    from cuda_kernels.vector import one_element_name
 
     def refuse(kernels):
         raise RuntimeError("capture refused (test)")
@@ -62,7 +63,7 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     assert timing["ours eager"]["seconds"] > 0 and "error" in timing["torch eager"]   # no CUDA torch here
     breakdown = records["breakdown tiny"]
     assert breakdown["status"] == "ok" and {"(uploads)", "(downloads)", "sgd_step"} <= \
-        {row["name"] for row in breakdown["rows"]}
+        {one_element_name(row["name"]) for row in breakdown["rows"]}   # the vector SGD or its one-element twin
     # measured (here: the simulator's, labelled a stand-in) beside the model's prediction, per layer and pass
     assert "STAND-IN" in breakdown["layers_label"] and "simulator" in breakdown["layers_label"]
     layers = {(r["layer"], r["pass"]): r for r in breakdown["layers"]}

@@ -40,9 +40,9 @@ run = functools.partial(replay, launched=LAUNCHED)
 
 # ---------------------------------------------------------------------------- elementwise
 
-def case_activation(rng, prim, accumulate):
+def case_activation(rng, prim, accumulate, n=57):
     row, params = OPS[prim], ACTIVATION_EXAMPLES[prim]   # every parameter at a non-default value
-    x = np.concatenate([half(rng, 58, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
+    x = np.concatenate([half(rng, n, 3.0), np.array([0, -3, 3, 6, -6, 0.5], np.float16)])
     y = garbage(x.shape, np.float16)
     run(lambda t: elementwise.activation_forward(t, prim, dev(x), y, params))
     check("y", y, row.reference_forward(f64(x), *params), "fp16")
@@ -54,9 +54,9 @@ def case_activation(rng, prim, accumulate):
     check("dx", dx, expected, "fp16")
 
 
-def case_add_and_accumulate(rng):
-    a, b, d0 = half(rng, 70), half(rng, 70), half(rng, 70)
-    y, dst_over, dst_acc = garbage(70, np.float16), garbage(70, np.float16), dev(d0)
+def case_add_and_accumulate(rng, n=70):
+    a, b, d0 = half(rng, n), half(rng, n), half(rng, n)
+    y, dst_over, dst_acc = garbage(n, np.float16), garbage(n, np.float16), dev(d0)
 
     def record(t):
         elementwise.add_forward(t, dev(a), dev(b), y)
@@ -140,16 +140,17 @@ def case_prelu(rng, slopes, accumulate):
     check("dw", dw, dw_ref, "fp32")
 
 
-def case_cast(rng):
-    src = (rng.standard_normal(77) * 100).astype(np.float32)
-    dst = garbage(77, np.float16)
+def case_cast(rng, n=77):
+    src = (rng.standard_normal(n) * 100).astype(np.float32)
+    dst = garbage(n, np.float16)
     run(lambda t: elementwise.cast_f32_to_f16(t, dev(src), dst))
     check("fp16 copy", dst, src.astype(np.float16), "exact")
 
 
 def case_fill_zero(rng):
     arrays = [dev(rng.standard_normal(9).astype(np.float32)), dev(half(rng, 7)),
-              dev(np.arange(5, dtype=np.int32)), dev(np.ones(12, np.uint8))]
+              dev(np.arange(5, dtype=np.int32)), dev(np.ones(12, np.uint8)),
+              dev(rng.standard_normal(44).astype(np.float32)), dev(half(rng, 24))]   # the last two: 16-byte stores
 
     def record(t):
         for a in arrays:
@@ -161,8 +162,8 @@ def case_fill_zero(rng):
 
 # ---------------------------------------------------------------------------- batchnorm
 
-def case_batchnorm_train(rng, activation, with_residual):
-    m, c, momentum, eps = 24, 5, 0.1, 1e-5
+def case_batchnorm_train(rng, activation, with_residual, m=24, c=5):
+    momentum, eps = 0.1, 1e-5
     x = half(rng, (m, c), 2.0) + np.float16(0.5)
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
@@ -182,8 +183,8 @@ def case_batchnorm_train(rng, activation, with_residual):
         check(label, got, expected, "stats")
 
 
-def case_batchnorm_eval(rng):
-    m, c, eps = 10, 6, 1e-3
+def case_batchnorm_eval(rng, m=10, c=6):
+    eps = 1e-3
     x = half(rng, (m, c))
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
@@ -194,8 +195,7 @@ def case_batchnorm_eval(rng):
           "fp16")
 
 
-def case_batchnorm_backward(rng, accumulate):
-    m, c = 40, 3
+def case_batchnorm_backward(rng, accumulate, m=40, c=3):
     x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
     gamma = rng.standard_normal(c).astype(np.float32)
     mean = x.astype(np.float32).mean(0)
@@ -207,6 +207,32 @@ def case_batchnorm_backward(rng, accumulate):
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("dgamma", dgamma, dgamma_ref, "fp32")
     check("dbeta", dbeta, dbeta_ref, "fp32")
+
+
+def case_batchnorm_scratch_reuse(rng, c):
+    """Two statistics launches and a backward reduction on one ``ReductionScratch``, with no zero-fill between:
+    each launch's last blocks leave the accumulator and arrival counters at zero for the next."""
+    scratch = batchnorm.ReductionScratch()
+    xs = [half(rng, (m, c), 2.0) for m in (21, 34)]
+    dy = half(rng, (34, c))
+    sums = [(garbage(c, np.float32), garbage(c, np.float32)) for _ in xs]
+    dgamma, dbeta = garbage(c, np.float32), garbage(c, np.float32)
+    mean, invstd = f64(xs[1]).mean(0).astype(np.float32), (1 / f64(xs[1]).std(0)).astype(np.float32)
+
+    def record(t):
+        for x, (s, q) in zip(xs, sums):
+            batchnorm.batchnorm_stats(t, dev(x), s, q, scratch)
+        batchnorm.batchnorm_backward(t, dev(xs[1]), dev(np.ones(c, np.float32)), dev(mean), dev(invstd), dev(dy),
+                                     None, dgamma, dbeta, False, scratch=scratch)
+    run(record)
+    for i, (x, (s, q)) in enumerate(zip(xs, sums)):
+        check(f"sum {i}", s, f64(x).sum(0), "stats")
+        check(f"sum of squares {i}", q, (f64(x) ** 2).sum(0), "stats")
+    _, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(xs[1]), np.ones(c), f64(mean), f64(invstd), f64(dy))
+    check("dgamma", dgamma, dgamma_ref, "stats")
+    check("dbeta", dbeta, dbeta_ref, "stats")
+    check("accumulator left at zero", scratch.acc, np.zeros(scratch.acc.size, np.float32), "exact")
+    check("arrival counters left at zero", scratch.arrivals, np.zeros(scratch.arrivals.size, np.int32), "exact")
 
 
 class _OtherShard(ReducingCollectives):
@@ -257,8 +283,8 @@ def case_batchnorm_synced(rng):
 
 # ---------------------------------------------------------------------------- pooling
 
-def case_maxpool(rng, k, s, p):
-    x, dx0 = half(rng, (2, 5, 5, 3)), half(rng, (2, 5, 5, 3))
+def case_maxpool(rng, k, s, p, c=3):
+    x, dx0 = half(rng, (2, 5, 5, c)), half(rng, (2, 5, 5, c))
     y_ref, argmax_ref = ref.maxpool_forward(f64(x), k, s, p)
     dy = half(rng, y_ref.shape)
     y, argmax, dx = garbage(y_ref.shape, np.float16), garbage(y_ref.shape, np.int32), dev(dx0)
@@ -272,31 +298,31 @@ def case_maxpool(rng, k, s, p):
     check("dx", dx, f64(dx0) + ref.maxpool_backward(argmax_ref, f64(dy), x.shape), "fp16")
 
 
-def case_avgpool(rng):
+def case_avgpool(rng, c=3, accumulate=False):
     k, s, p = 3, 2, 1
-    x = half(rng, (2, 5, 5, 3))
+    x, dx0 = half(rng, (2, 5, 5, c)), half(rng, (2, 5, 5, c))
     y_ref = ref.avgpool_forward(f64(x), k, s, p)
     dy = half(rng, y_ref.shape)
-    y, dx = garbage(y_ref.shape, np.float16), garbage(x.shape, np.float16)
+    y, dx = garbage(y_ref.shape, np.float16), dev(dx0) if accumulate else garbage(x.shape, np.float16)
 
     def record(t):
         pool.avgpool_forward(t, dev(x), y, k, s, p)
-        pool.avgpool_backward(t, dev(dy), dx, k, s, p, False)
+        pool.avgpool_backward(t, dev(dy), dx, k, s, p, accumulate)
     run(record)
     check("y", y, y_ref, "fp16")
-    check("dx", dx, ref.avgpool_backward(f64(dy), x.shape, k, s, p), "fp16")
+    check("dx", dx, ref.avgpool_backward(f64(dy), x.shape, k, s, p) + (f64(dx0) if accumulate else 0), "fp16")
 
 
-def case_gap(rng):
-    x, dy, dx0 = half(rng, (2, 3, 4, 5)), half(rng, (2, 5)), half(rng, (2, 3, 4, 5))
-    y, dx = garbage((2, 5), np.float16), dev(dx0)
+def case_gap(rng, c=5, accumulate=True):
+    x, dy, dx0 = half(rng, (2, 3, 4, c)), half(rng, (2, c)), half(rng, (2, 3, 4, c))
+    y, dx = garbage((2, c), np.float16), dev(dx0) if accumulate else garbage(x.shape, np.float16)
 
     def record(t):
         pool.gap_forward(t, dev(x), y)
-        pool.gap_backward(t, dev(dy), dx, True)
+        pool.gap_backward(t, dev(dy), dx, accumulate)
     run(record)
     check("y", y, ref.gap_forward(f64(x)), "fp16")
-    check("dx", dx, f64(dx0) + ref.gap_backward(f64(dy), x.shape), "fp16")
+    check("dx", dx, (f64(dx0) if accumulate else 0) + ref.gap_backward(f64(dy), x.shape), "fp16")
 
 
 # ---------------------------------------------------------------------------- conv / linear
@@ -410,8 +436,8 @@ def _scalars(loss_scale=4.0, step=0, lr=0.05):
                 loss_scale=dev(np.array([loss_scale], np.float32)), found_inf=dev(np.zeros(1, np.int32)))
 
 
-def case_sgd(rng, nesterov):
-    n, momentum, dampening, wd, lr, scale = 37, 0.9, 0.1, 1e-2, 0.05, 4.0
+def case_sgd(rng, nesterov, n=37):
+    momentum, dampening, wd, lr, scale = 0.9, 0.1, 1e-2, 0.05, 4.0
     p, buf = rng.standard_normal(n).astype(np.float32), np.zeros(n, np.float32)
     d_p, d_buf = dev(p), dev(buf)
     for step in range(2):   # the first step initialises the momentum buffer
@@ -424,8 +450,8 @@ def case_sgd(rng, nesterov):
         check(f"buf after step {step}", d_buf, buf, "fp32")
 
 
-def case_adam(rng, decoupled):
-    n, lr, b1, b2, eps, wd, scale = 29, 1e-2, 0.9, 0.99, 1e-8, 0.1, 2.0
+def case_adam(rng, decoupled, n=29):
+    lr, b1, b2, eps, wd, scale = 1e-2, 0.9, 0.99, 1e-8, 0.1, 2.0
     p, m, v = rng.standard_normal(n).astype(np.float32), np.zeros(n), np.zeros(n)
     d_p, d_m, d_v = dev(p), dev(np.zeros(n, np.float32)), dev(np.zeros(n, np.float32))
     for step in range(2):
@@ -438,9 +464,9 @@ def case_adam(rng, decoupled):
             check(f"{label} after step {step + 1}", got, expected, "stats")
 
 
-def case_check_overflow(rng):
+def case_check_overflow(rng, n=70):
     for bad, expected in [(None, 0), (np.inf, 1), (-np.inf, 1), (np.nan, 1)]:
-        g = rng.standard_normal(70).astype(np.float32)
+        g = rng.standard_normal(n).astype(np.float32)
         if bad is not None:
             g[41] = bad
         flag = dev(np.array([5], np.int32))
@@ -475,7 +501,10 @@ def case_update_loss_scale(rng):
 CASES = [
     *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 1), id=f"activation-{prim.value}")
       for index, prim in enumerate(ACTIVATIONS)],   # every activation of the op table
+    *[pytest.param(case_activation, dict(prim=prim, accumulate=index % 2 == 0, n=66),   # 72: 16-byte accesses
+                   id=f"activation-{prim.value}-vec8") for index, prim in enumerate(ACTIVATIONS)],
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
+    pytest.param(case_add_and_accumulate, dict(n=72), id="add-accumulate-vec8"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
     *[pytest.param(case_random_mask, dict(kind="dropout", p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
@@ -483,6 +512,7 @@ CASES = [
     pytest.param(case_prelu, dict(slopes=5, accumulate=True), id="prelu-per-channel-accumulate"),
     pytest.param(case_prelu, dict(slopes=1, accumulate=False), id="prelu-shared"),
     pytest.param(case_cast, {}, id="cast-f32-f16"),
+    pytest.param(case_cast, dict(n=80), id="cast-f32-f16-vec8"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),
     pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True), id="bn-train-residual-relu"),
@@ -491,10 +521,29 @@ CASES = [
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
     pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
+    # 8-channel vectors (the _vec8 kernels): odd row counts, a grid whose threads do not divide the rows,
+    # 24 channels (3 vectors: row lanes that do not fill a reduction block) and 72 (9 vectors: idle threads in
+    # the per-channel grid, a partial column block in the reductions)
+    pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True, m=37, c=16),
+                 id="bn-train-residual-relu-vec8"),
+    pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False, m=29, c=24), id="bn-train-vec8-24"),
+    pytest.param(case_batchnorm_train, dict(activation="relu6", with_residual=False, m=13, c=72),
+                 id="bn-train-relu6-vec8-72"),
+    pytest.param(case_batchnorm_eval, dict(m=9, c=24), id="bn-eval-relu-vec8"),
+    pytest.param(case_batchnorm_scratch_reuse, dict(c=5), id="bn-scratch-reuse"),
+    pytest.param(case_batchnorm_scratch_reuse, dict(c=16), id="bn-scratch-reuse-vec8"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=24), id="bn-backward-vec8"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=True, m=11, c=72), id="bn-backward-accumulate-vec8-72"),
     pytest.param(case_maxpool, dict(k=3, s=2, p=1), id="maxpool-3-2-1"),
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
     pytest.param(case_avgpool, {}, id="avgpool"),
     pytest.param(case_gap, {}, id="gap"),
+    # 8-channel vectors (the _vec8 kernels), 16 and 24 channels
+    pytest.param(case_maxpool, dict(k=3, s=2, p=1, c=16), id="maxpool-3-2-1-vec8"),
+    pytest.param(case_maxpool, dict(k=2, s=2, p=0, c=8), id="maxpool-2-2-0-vec8"),
+    pytest.param(case_avgpool, dict(c=24, accumulate=True), id="avgpool-vec8-accumulate"),
+    pytest.param(case_gap, dict(c=16, accumulate=False), id="gap-vec8"),
+    pytest.param(case_gap, dict(c=8, accumulate=True), id="gap-vec8-accumulate"),
     pytest.param(case_conv, dict(config="3x3", with_stats=True, accumulate=False), id="conv-3x3-bn-stats"),
     pytest.param(case_conv, dict(config="3x3-s2-grouped", with_stats=False, accumulate=True),
                  id="conv-3x3-s2-grouped"),
@@ -516,9 +565,12 @@ CASES = [
     pytest.param(case_count_correct, {}, id="count-correct"),
     pytest.param(case_sgd, dict(nesterov=False), id="sgd-momentum"),
     pytest.param(case_sgd, dict(nesterov=True), id="sgd-nesterov"),
+    pytest.param(case_sgd, dict(nesterov=True, n=44), id="sgd-nesterov-vec4"),
     pytest.param(case_adam, dict(decoupled=False), id="adam"),
     pytest.param(case_adam, dict(decoupled=True), id="adamw"),
+    pytest.param(case_adam, dict(decoupled=True, n=36), id="adamw-vec4"),
     pytest.param(case_check_overflow, {}, id="check-overflow"),
+    pytest.param(case_check_overflow, dict(n=72), id="check-overflow-vec4"),
     pytest.param(case_update_loss_scale, {}, id="loss-scale-update"),
 ]
 
