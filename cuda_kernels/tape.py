@@ -62,6 +62,13 @@ class LaunchTape:
             raise TypeError("LaunchTape.add: kernels are recorded with launch(), which checks their arguments")
         self._entries.append(entry)
 
+    def coalesce_zero_fills(self, base):
+        """Merge the recorded zero-fills of the arena ``base`` (uint8) into few multi-range launches, each as
+        early as the launches before it allow (``zero_ranges.coalesce_zero_fills``)."""
+        from .zero_ranges import coalesce_zero_fills
+        self._entries = coalesce_zero_fills(self._entries, base, Launch)
+        self._prepared = False
+
     def compile_kernels(self):
         """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``), and
         raise the dynamic shared memory limit of those above 48 KB on the current device (``dynamic_smem``):
