@@ -182,9 +182,16 @@ def step_floor(plan, graph="train"):
     return dict(floor)
 
 
-def _span(array):
-    from .tape import device_span
-    return device_span(array)
+def device_span(array):
+    """``(first byte address, end)`` of a device array (simulator arrays: of the host array they wrap)."""
+    interface = getattr(array, "__cuda_array_interface__", None)
+    if interface is None:
+        interface = array.__array_interface__
+    start = interface["data"][0]
+    return start, start + array.nbytes
+
+
+_span = device_span
 
 
 def overwritten_fills(launches, fills=("fill_zero_u32", "fill_zero_f16")):

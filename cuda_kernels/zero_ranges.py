@@ -12,7 +12,7 @@ import numpy as np
 from numba import cuda
 
 from .registry import W1, check_args, grid_1d, kernel, nbt
-from .traffic import BYTE_RULES
+from .traffic import BYTE_RULES, device_span
 
 MAX_RANGES = 32
 RANGES = nbt.UniTuple(nbt.int64, MAX_RANGES)
@@ -42,9 +42,7 @@ def fill_zero_ranges(launcher, words, ranges):
     launcher.launch(_fill_zero_ranges, (blocks, len(ranges)), threads, words, starts, counts)
 
 
-def _span(array):
-    from .tape import device_span
-    return device_span(array)
+_span = device_span
 
 
 def _spans(entry):
