@@ -56,10 +56,13 @@ class _TapeStandIn(DryLauncher):
         super().__init__()
         self.order, self.entries = [], []
         self.recorded = 0   # kernel launches as recorded, before the zero-fills are merged
+        self.layer = ""      # the layer whose op is being recorded (set by dry_record_train_step)
+        self.launch_layers = []   # (kernel name, layer) of every launch, as recorded
 
     def launch(self, spec, grid, block, *args):
         super().launch(spec, grid, block, *args)
         self.order.append(("kernel", spec.name))
+        self.launch_layers.append((spec.name, self.layer))
         self.entries.append(_DryLaunch(spec, grid, block, args))
 
     def add(self, entry):
@@ -132,7 +135,16 @@ def dry_record_train_step(plan, optimizer, tape_class=None):
         def _refresh_half_weights(self):
             self._half_dirty = False
 
+    def record_op(tape, ctx, op, record=executor_module.record_op):
+        """The executor's ``record_op``, telling the tape which layer it records."""
+        layers = plan.arch.layers
+        layer = layers[op.layer] if 0 <= op.layer < len(layers) else None
+        # a fused layer by its convolution's parameter prefix (``conv1``), else by its name
+        tape.layer = "" if layer is None else next((sub.prefix for sub in layer.sub if sub.kind == "conv"), layer.name)
+        return record(tape, ctx, op)
+
     with _patched(executor_module, cuda_unavailable_reason=lambda: "", DeviceArena=host_arena_class(),
+                  record_op=record_op,
                   new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=tape_class or _TapeStandIn,
                   StepRunner=_RunnerStandIn), \
             _patched(transfer_module, pinned_empty=np.empty, new_event=EventStandIn):
@@ -153,7 +165,8 @@ TRAFFIC_BATCH = 256
 
 def step_traffic(model, batch=TRAFFIC_BATCH):
     """``(plan, kernel names, per-kernel [launches, read, written], launches before merging the zero-fills,
-    floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes)`` of ``model``'s
+    floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes, {any-channel kernel:
+    [layers]})`` of ``model``'s
     training step at ``batch``, recorded as ``dry_record_train_step`` does."""
     import dataclasses
     from cuda_kernels.traffic import overwritten_fills, step_floor, tape_traffic
@@ -167,7 +180,11 @@ def step_traffic(model, batch=TRAFFIC_BATCH):
     names, _, _, entries = dry_record_train_step(plan, sgd(), Keep)
     table = tape_traffic([e for e in entries if e.kind == "kernel"])
     overwritten = overwritten_fills(tapes[-1].recorded_kernels)
-    return plan, names, table, tapes[-1].recorded, step_floor(plan), overwritten
+    any_channels = {}
+    for name, layer in tapes[-1].launch_layers:
+        if "_any_channels" in name:
+            any_channels.setdefault(name, []).append(layer)
+    return plan, names, table, tapes[-1].recorded, step_floor(plan), overwritten, any_channels
 
 
 def print_step_traffic(models=TRAFFIC_MODELS):
@@ -177,7 +194,7 @@ def print_step_traffic(models=TRAFFIC_MODELS):
     print(f"\nbytes and launches per training step (recorded tape, batch {TRAFFIC_BATCH}; every array argument a "
           f"kernel reads / writes counted once per launch; GB = 1e9 bytes):")
     for model in (m for m in TIMING_MODELS if m.name in models):
-        plan, names, table, recorded, floor, overwritten = step_traffic(model)
+        plan, names, table, recorded, floor, overwritten, any_channels = step_traffic(model)
         gemm, other = totals(table, gemm=True), totals(table)
         fills = sum(row[0] for name, row in table.items() if name.startswith("fill_zero"))
         floor_bytes = sum(floor.values())
@@ -194,6 +211,8 @@ def print_step_traffic(models=TRAFFIC_MODELS):
         print(f"    non-GEMM bytes / floor: {(other[1] + other[2]) / floor_bytes:.2f}")
         print(f"    recorded zero-fills of a buffer the next kernel only writes: {len(overwritten)}"
               + (f" (before {sorted(set(k for _, k in overwritten))})" if overwritten else ""))
+        print("    any-channel (scalar-staged) tensor-core kernels: "
+              + ("; ".join(f"{k} at {', '.join(v)}" for k, v in any_channels.items()) or "none"))
 
 
 def _fused_kinds(plan):
