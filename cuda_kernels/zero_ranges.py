@@ -90,14 +90,12 @@ def coalesce_zero_fills(entries, base, make_launch):
             spans.insert(i, [])
         else:
             target.append(span)
-    words = base.view(np.uint32)
-
     class _Collect:
         def __init__(self):
             self.launches = []
 
         def launch(self, spec, grid, block, *args):
-            check_args(spec, args, host_stand_ins=isinstance(words, np.ndarray))
+            check_args(spec, args, host_stand_ins=isinstance(base, np.ndarray))
             self.launches.append(make_launch(spec, grid, block, args))
     result = []
     for item in out:
@@ -107,6 +105,8 @@ def coalesce_zero_fills(entries, base, make_launch):
         collect = _Collect()
         for k in range(0, len(item), MAX_RANGES):
             chunk = item[k:k + MAX_RANGES]
-            fill_zero_ranges(collect, words, [((s - base_start) // 4, (e - s) // 4) for s, e in chunk])
+            lo, hi = min(s for s, _ in chunk), max(e for _, e in chunk)   # the launch's view: these bytes only
+            words = base[lo - base_start:hi - base_start].view(np.uint32)
+            fill_zero_ranges(collect, words, [((s - lo) // 4, (e - s) // 4) for s, e in chunk])
         result.extend(collect.launches)
     return result
