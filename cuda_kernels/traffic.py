@@ -172,14 +172,45 @@ def totals(table, gemm=False):
     return tuple(sum(row[i] for row in rows) for i in range(3))
 
 
-def step_floor(plan, graph="train"):
-    """``{region: bytes}``: every tensor ``graph``'s step touches (its own tensors, the batch and the persistent
-    regions: parameters, fp16 weights, gradients, optimizer state, statistics), each once."""
+#: the tensor classes of ``step_floor``: a graph tensor's by its name (``planner.schedule``: ``train.v7`` a value,
+#: ``train.d7`` its gradient, ``train.g7`` / ``train.r7`` a fused backward's internal gradient / recomputed value,
+#: ``train.<layer>:<role>`` an extra: saved statistics or masks, or a workspace)
+GRAPH_CLASSES = {"v": "values (conv outputs, activations)", "d": "value gradients",
+                 "g": "fused-backward gradients", "r": "fused-backward recomputed values"}
+
+
+def tensor_class(t):
+    """The floor's class of plan tensor ``t``: its region if persistent, else by its name (``GRAPH_CLASSES``)."""
+    if not t.graph:
+        return str(t.region)
+    name = t.name.split(".", 1)[1]
+    if ":" in name:
+        return "saved extras (BN statistics, masks)" if str(t.region) == "saved" else "workspaces"
+    return GRAPH_CLASSES.get(name[:1], "other")
+
+
+def step_floor(plan, touched=None, graph="train"):
+    """``{class: bytes}``: every tensor ``graph``'s step touches (its own tensors, the batch and the persistent
+    regions: parameters, fp16 weights, gradients, optimizer state, statistics), each once. ``touched``: the
+    ``(arena offset, bytes)`` of every array argument of the recorded step's launches; a workspace no launch takes
+    whole (the im2col room the planner keeps for the CPU path's convolutions, which no CUDA kernel takes; another
+    tensor may reuse its offset) is left out."""
     floor = defaultdict(int)
     for t in plan.tensors:
         if t.graph in ("", graph):
-            floor[str(t.region)] += int(t.nbytes)
+            kind = tensor_class(t)
+            if kind == "workspaces" and touched is not None and (t.offset, t.nbytes) not in touched:
+                continue
+            floor[kind] += int(t.nbytes)
     return dict(floor)
+
+
+def touched_offsets(launches, base):
+    """``(arena offset, bytes)`` of every array argument of ``launches`` (offsets from the start of the uint8
+    arena ``base``)."""
+    start = device_span(base)[0]
+    return {(device_span(arg)[0] - start, int(arg.nbytes)) for launch in launches for arg in launch.args
+            if getattr(arg, "ndim", 0) >= 1 and arg.nbytes}
 
 
 def device_span(array):

@@ -72,6 +72,7 @@ class _TapeStandIn(DryLauncher):
     def coalesce_zero_fills(self, base):
         """``LaunchTape.coalesce_zero_fills`` on the recorded entries (the same pass)."""
         self.recorded = len(self.names)
+        self.arena_buffer = base
         self.recorded_kernels = [e for e in self.entries if e.kind == "kernel"]
         self.entries = coalesce_zero_fills(self.entries, base, _DryLaunch)
         self.order = [(e.kind, e.name) for e in self.entries]
@@ -169,7 +170,7 @@ def step_traffic(model, batch=TRAFFIC_BATCH):
     [layers]})`` of ``model``'s
     training step at ``batch``, recorded as ``dry_record_train_step`` does."""
     import dataclasses
-    from cuda_kernels.traffic import overwritten_fills, step_floor, tape_traffic
+    from cuda_kernels.traffic import overwritten_fills, step_floor, tape_traffic, touched_offsets
     plan = compile_step_plan(dataclasses.replace(model, batch=batch))
     tapes = []
 
@@ -184,7 +185,9 @@ def step_traffic(model, batch=TRAFFIC_BATCH):
     for name, layer in tapes[-1].launch_layers:
         if "_any_channels" in name:
             any_channels.setdefault(name, []).append(layer)
-    return plan, names, table, tapes[-1].recorded, step_floor(plan), overwritten, any_channels
+    kernels = [e for e in entries if e.kind == "kernel"]
+    floor = step_floor(plan, touched_offsets(kernels, tapes[-1].arena_buffer))
+    return plan, names, table, tapes[-1].recorded, floor, overwritten, any_channels
 
 
 def print_step_traffic(models=TRAFFIC_MODELS):
@@ -205,7 +208,7 @@ def print_step_traffic(models=TRAFFIC_MODELS):
             print(f"    {name:44s} {n:8d} {read / 1e9:9.3f} {written / 1e9:10.3f}")
         print(f"    {'GEMM total':44s} {gemm[0]:8d} {gemm[1] / 1e9:9.3f} {gemm[2] / 1e9:10.3f}")
         print(f"    {'non-GEMM total':44s} {other[0]:8d} {other[1] / 1e9:9.3f} {other[2] / 1e9:10.3f}")
-        print("    floor (every tensor of the step once), by region: "
+        print("    floor (every tensor the step touches, once), by class: "
               + ", ".join(f"{region} {b / 1e9:.3f}" for region, b in sorted(floor.items(), key=lambda kv: -kv[1]))
               + f"; total {floor_bytes / 1e9:.3f} GB")
         print(f"    non-GEMM bytes / floor: {(other[1] + other[2]) / floor_bytes:.2f}")

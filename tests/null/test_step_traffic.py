@@ -55,6 +55,11 @@ def test_the_floor_holds_every_parameter_once(traffic):
     _, (plan, _, _, _, floor, _, _) = traffic
     assert floor["params"] == floor["grads"] == floor["optim"] == 4 * plan.params_trainable   # fp32, SGD momentum
     assert floor["weights16"] == 2 * plan.params_trainable
+    # the planner's im2col workspaces (the CPU path's room) are no CUDA kernel's argument: not in the floor
+    workspaces = [t for t in plan.tensors if t.graph == "train" and ":col_" in t.name]
+    assert workspaces and "workspaces" not in floor
+    values = [t for t in plan.tensors if t.graph == "train" and t.name.split(".", 1)[1].startswith("v")]
+    assert floor["values (conv outputs, activations)"] == sum(t.nbytes for t in values)
 
 
 def test_launches_per_step_and_zero_fills_merged(traffic):
