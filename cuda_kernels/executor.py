@@ -220,6 +220,8 @@ class CudaExecutor(ExecutorBase):
                                    forward_only=purpose == "forward", tape=tape)
             tape = LaunchTape()
             record_transfers(tape, staging, kernels)
+            if not self._separate:   # separate buffers are not arena views: their fills stay as recorded
+                tape.coalesce_zero_fills(self.arena.buffer)
             self._runners[key] = StepRunner(tape, self.replay)
             self._staging[key] = staging
         return self._runners[key]

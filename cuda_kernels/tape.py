@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .dynamic_smem import raise_shared_limit
 from .registry import check_args
+from .traffic import device_span  # noqa: F401 - where the tests and the benchmarks import it
 
 #: Entries graph capture records: kernels, and the data-parallel all-reduces (``collective``), which
 #: run on the step's stream like a kernel.
@@ -61,6 +62,13 @@ class LaunchTape:
         if entry.kind == "kernel":
             raise TypeError("LaunchTape.add: kernels are recorded with launch(), which checks their arguments")
         self._entries.append(entry)
+
+    def coalesce_zero_fills(self, base):
+        """Merge the recorded zero-fills of the arena ``base`` (uint8) into few multi-range launches, each as
+        early as the launches before it allow (``zero_ranges.coalesce_zero_fills``)."""
+        from .zero_ranges import coalesce_zero_fills
+        self._entries = coalesce_zero_fills(self._entries, base, Launch)
+        self._prepared = False
 
     def compile_kernels(self):
         """Compile every kernel on the tape for its signature, each once (see ``KernelSpec.compile``), and
@@ -130,11 +138,3 @@ class Immediate:
         raise_shared_limit(spec)   # once per compiled kernel (``dynamic_smem``); nothing below 48 KB
         Launch(spec, grid, block, args).run(self.stream)
 
-
-def device_span(array):
-    """``(first byte address, end)`` of a device array (simulator arrays: of the host array they wrap)."""
-    interface = getattr(array, "__cuda_array_interface__", None)
-    if interface is None:
-        interface = array.__array_interface__
-    start = interface["data"][0]
-    return start, start + array.nbytes

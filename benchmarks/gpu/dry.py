@@ -12,6 +12,8 @@ import numpy as np
 from cuda_kernels.graph import graph_support
 from cuda_kernels.mma_kernels import all_mma_kernels
 from cuda_kernels.registry import all_kernels
+from cuda_kernels.tape import Launch
+from cuda_kernels.zero_ranges import coalesce_zero_fills
 
 from .kernel_cases import CHECK_BATCH, TIMING_BATCH, DryLauncher, HostStandIns, table
 from .kernels import graph_case
@@ -39,6 +41,13 @@ def host_arena_class():
     return HostArena
 
 
+class _DryLaunch(Launch):
+    """A recorded launch that runs nothing (its arguments are host stand-ins)."""
+
+    def run(self, stream):
+        pass
+
+
 class _TapeStandIn(DryLauncher):
     """In ``LaunchTape``'s place: type-checks each launch (host stand-ins allowed) and keeps its name,
     and keeps the step's transfers (uploads, downloads, events) in order with the launches."""
@@ -46,15 +55,28 @@ class _TapeStandIn(DryLauncher):
     def __init__(self):
         super().__init__()
         self.order, self.entries = [], []
+        self.recorded = 0   # kernel launches as recorded, before the zero-fills are merged
+        self.layer = ""      # the layer whose op is being recorded (set by dry_record_train_step)
+        self.launch_layers = []   # (kernel name, layer) of every launch, as recorded
 
     def launch(self, spec, grid, block, *args):
         super().launch(spec, grid, block, *args)
         self.order.append(("kernel", spec.name))
-        self.entries.append(SimpleNamespace(kind="kernel", name=spec.name, args=args, run=lambda stream: None))
+        self.launch_layers.append((spec.name, self.layer))
+        self.entries.append(_DryLaunch(spec, grid, block, args))
 
     def add(self, entry):
         self.order.append((entry.kind, entry.name))
         self.entries.append(SimpleNamespace(kind=entry.kind, name=entry.name, args=(), run=lambda stream: None))
+
+    def coalesce_zero_fills(self, base):
+        """``LaunchTape.coalesce_zero_fills`` on the recorded entries (the same pass)."""
+        self.recorded = len(self.names)
+        self.arena_buffer = base
+        self.recorded_kernels = [e for e in self.entries if e.kind == "kernel"]
+        self.entries = coalesce_zero_fills(self.entries, base, _DryLaunch)
+        self.order = [(e.kind, e.name) for e in self.entries]
+        self.names = [e.name for e in self.entries if e.kind == "kernel"]
 
     def __len__(self):
         return len(self.names)
@@ -97,7 +119,7 @@ def _patched(module, **names):
             setattr(module, n, value)
 
 
-def dry_record_train_step(plan, optimizer):
+def dry_record_train_step(plan, optimizer, tape_class=None):
     """``(kernel names, classes, [(kind, name)] of every tape entry, the entries)`` of ``plan``'s training
     step (each entry has ``kind``, ``name``, the launch's ``args`` and a ``run`` that does nothing),
     recorded by ``CudaExecutor``'s own code (its constructor's views over a host arena, its
@@ -114,8 +136,17 @@ def dry_record_train_step(plan, optimizer):
         def _refresh_half_weights(self):
             self._half_dirty = False
 
+    def record_op(tape, ctx, op, record=executor_module.record_op):
+        """The executor's ``record_op``, telling the tape which layer it records."""
+        layers = plan.arch.layers
+        layer = layers[op.layer] if 0 <= op.layer < len(layers) else None
+        # a fused layer by its convolution's parameter prefix (``conv1``), else by its name
+        tape.layer = "" if layer is None else next((sub.prefix for sub in layer.sub if sub.kind == "conv"), layer.name)
+        return record(tape, ctx, op)
+
     with _patched(executor_module, cuda_unavailable_reason=lambda: "", DeviceArena=host_arena_class(),
-                  new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=_TapeStandIn,
+                  record_op=record_op,
+                  new_stream=lambda: None, initial_parameters=lambda plan, seed: {}, LaunchTape=tape_class or _TapeStandIn,
                   StepRunner=_RunnerStandIn), \
             _patched(transfer_module, pinned_empty=np.empty, new_event=EventStandIn):
         ex = DryExecutor(plan, optimizer=optimizer, seed=0, replay="eager")
@@ -126,6 +157,65 @@ def dry_record_train_step(plan, optimizer):
     assert set(kinds[:first]) == {"upload", "event"} and set(kinds[last + 1:]) == {"download", "event"}, \
         f"the recorded step's transfers are not all before/after its kernels: {order[:first + 1]} ... {order[last:]}"
     return runner.tape.names, ex.classes, order, runner.tape.entries
+
+
+# issue 23's step models for bytes and launches: batch 256 (host-only plans: the arena is never touched)
+TRAFFIC_MODELS = ("resnet50", "resnet18-cifar")
+TRAFFIC_BATCH = 256
+
+
+def step_traffic(model, batch=TRAFFIC_BATCH):
+    """``(plan, kernel names, per-kernel [launches, read, written], launches before merging the zero-fills,
+    floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes, {any-channel kernel:
+    [layers]})`` of ``model``'s
+    training step at ``batch``, recorded as ``dry_record_train_step`` does."""
+    import dataclasses
+    from cuda_kernels.traffic import overwritten_fills, step_floor, tape_traffic, touched_offsets
+    plan = compile_step_plan(dataclasses.replace(model, batch=batch))
+    tapes = []
+
+    class Keep(_TapeStandIn):
+        def __init__(self):
+            super().__init__()
+            tapes.append(self)
+    names, _, _, entries = dry_record_train_step(plan, sgd(), Keep)
+    table = tape_traffic([e for e in entries if e.kind == "kernel"])
+    overwritten = overwritten_fills(tapes[-1].recorded_kernels)
+    any_channels = {}
+    for name, layer in tapes[-1].launch_layers:
+        if "_any_channels" in name:
+            any_channels.setdefault(name, []).append(layer)
+    kernels = [e for e in entries if e.kind == "kernel"]
+    floor = step_floor(plan, touched_offsets(kernels, tapes[-1].arena_buffer))
+    return plan, names, table, tapes[-1].recorded, floor, overwritten, any_channels
+
+
+def print_step_traffic(models=TRAFFIC_MODELS):
+    """Bytes and launches per training step from the recorded tape, and the floor (issue 23, item 5)."""
+    from cuda_kernels.traffic import totals
+    from .step_common import TIMING_MODELS
+    print(f"\nbytes and launches per training step (recorded tape, batch {TRAFFIC_BATCH}; every array argument a "
+          f"kernel reads / writes counted once per launch; GB = 1e9 bytes):")
+    for model in (m for m in TIMING_MODELS if m.name in models):
+        plan, names, table, recorded, floor, overwritten, any_channels = step_traffic(model)
+        gemm, other = totals(table, gemm=True), totals(table)
+        fills = sum(row[0] for name, row in table.items() if name.startswith("fill_zero"))
+        floor_bytes = sum(floor.values())
+        print(f"  {model.name} b{TRAFFIC_BATCH}: {len(names)} launches ({recorded} recorded; zero-fills merged into "
+              f"{fills}), GEMM {gemm[0]}, other {other[0]}")
+        print(f"    {'kernel':44s} {'launches':>8s} {'read GB':>9s} {'written GB':>10s}")
+        for name, (n, read, written) in sorted(table.items(), key=lambda kv: -(kv[1][1] + kv[1][2])):
+            print(f"    {name:44s} {n:8d} {read / 1e9:9.3f} {written / 1e9:10.3f}")
+        print(f"    {'GEMM total':44s} {gemm[0]:8d} {gemm[1] / 1e9:9.3f} {gemm[2] / 1e9:10.3f}")
+        print(f"    {'non-GEMM total':44s} {other[0]:8d} {other[1] / 1e9:9.3f} {other[2] / 1e9:10.3f}")
+        print("    floor (every tensor the step touches, once), by class: "
+              + ", ".join(f"{region} {b / 1e9:.3f}" for region, b in sorted(floor.items(), key=lambda kv: -kv[1]))
+              + f"; total {floor_bytes / 1e9:.3f} GB")
+        print(f"    non-GEMM bytes / floor: {(other[1] + other[2]) / floor_bytes:.2f}")
+        print(f"    recorded zero-fills of a buffer the next kernel only writes: {len(overwritten)}"
+              + (f" (before {sorted(set(k for _, k in overwritten))})" if overwritten else ""))
+        print("    any-channel (scalar-staged) tensor-core kernels: "
+              + ("; ".join(f"{k} at {', '.join(v)}" for k, v in any_channels.items()) or "none"))
 
 
 def _fused_kinds(plan):
@@ -247,6 +337,8 @@ def dry_run(only):
     used.update(launcher.names)
     print(f"graph-vs-eager: {len(launcher.names)} launches; graph support here: {graph_support()}")
     dry_run_steps(only, used)
+    if not only or only in "traffic":
+        print_step_traffic()
     unknown, unused = used - set(kernels), set(kernels) - used
     unknown -= set(all_mma_kernels())   # the tensor-core kernels' own table (cuda_kernels/mma_kernels.py)
     assert not unknown, f"launched kernels missing from the table: {sorted(unknown)}"

@@ -23,7 +23,8 @@ import pytest
 
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
-from cuda_kernels import batchnorm, channel_mul, _conv, drop_path, elementwise, _linear, loss, optim, pool, prelu
+from cuda_kernels import (batchnorm, channel_mul, _conv, drop_path, elementwise, _linear, loss, optim, pool, prelu,
+                          zero_ranges)
 from cuda_kernels.collective import ReducingCollectives
 from cuda_kernels.registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
@@ -158,6 +159,17 @@ def case_fill_zero(rng):
     run(record)
     for a in arrays:
         check(f"{a.dtype} zeroed", a, np.zeros(a.shape, a.dtype), "exact")
+
+
+def case_fill_zero_ranges(rng):
+    host = rng.integers(1, 2**31, 300).astype(np.uint32)    # no zero word: a zeroed one was written
+    words = dev(host)
+    ranges = [(0, 5), (17, 1), (40, 260)]                    # the last longer than a simulated grid's threads
+    run(lambda t: zero_ranges.fill_zero_ranges(t, words, ranges))
+    want = host.copy()
+    for start, n in ranges:
+        want[start:start + n] = 0
+    check("ranges zeroed, nothing else", words, want, "exact")
 
 
 # ---------------------------------------------------------------------------- batchnorm
@@ -514,6 +526,7 @@ CASES = [
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_cast, dict(n=80), id="cast-f32-f16-vec8"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
+    pytest.param(case_fill_zero_ranges, {}, id="fill-zero-ranges"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),
     pytest.param(case_batchnorm_train, dict(activation="relu", with_residual=True), id="bn-train-residual-relu"),
     pytest.param(case_batchnorm_train, dict(activation="relu6", with_residual=False), id="bn-train-relu6"),

@@ -190,3 +190,29 @@ def test_graph_replay_issues_the_transfers_around_the_graph_launch(monkeypatch):
     assert launched == [1], "the second step is one graph launch"
     assert staging.trace[-7:] == [("host_wait", "uploaded"), ("upload", "x"), ("event", "uploaded"),
                                   ("download", "y"), ("event", "done"), ("host_wait", "done"), ("host_read", "y")]
+
+
+def test_merged_zero_fills_keep_every_fill_after_the_last_launch_that_uses_its_bytes():
+    """``coalesce_zero_fills``: a fill moves back only past launches that do not touch its bytes, and fills that
+    meet become one multi-range launch. Here the fill of ``b`` must stay after the cast that reads ``b`` (else
+    ``c`` would hold zeros), while the fills of ``a`` and ``e`` join one launch at the start."""
+    arena = DeviceArena(2048)
+    stream = new_stream()
+    a, b, e = (arena.view(off, 16, np.float32) for off in (0, 256, 512))
+    c, d = arena.view(768, 16, np.float16), arena.view(1024, 16, np.float16)
+    values = np.arange(1, 17, dtype=np.float32)
+    for off in (0, 256, 512):
+        arena.upload(off, values, stream)
+    tape = LaunchTape()
+    elementwise.cast_f32_to_f16(tape, b, c)    # reads b
+    elementwise.fill_zero(tape, a)             # nothing used a before: to the start
+    elementwise.fill_zero(tape, b)             # after the cast that reads b
+    elementwise.cast_f32_to_f16(tape, a, d)    # reads the zeroed a
+    elementwise.fill_zero(tape, e)             # untouched: joins a's fill
+    tape.coalesce_zero_fills(arena.buffer)
+    assert tape.names() == ["fill_zero_ranges", "cast_f32_to_f16", "fill_zero_ranges", "cast_f32_to_f16"]
+    tape.replay(stream)
+    synchronize(stream)
+    np.testing.assert_array_equal(arena.download(768, 16, np.float16, stream), values.astype(np.float16))
+    for off, dtype in ((0, np.float32), (256, np.float32), (512, np.float32), (1024, np.float16)):
+        np.testing.assert_array_equal(arena.download(off, 16, dtype, stream), 0)
