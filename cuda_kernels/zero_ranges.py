@@ -16,7 +16,7 @@ from .traffic import BYTE_RULES, device_span
 
 MAX_RANGES = 32
 RANGES = nbt.UniTuple(nbt.int64, MAX_RANGES)
-FILLS = ("fill_zero_u32", "fill_zero_f16")
+FILLS = ("fill_zero_u32", "fill_zero_u32_vec4", "fill_zero_f16")   # every kernel fill_zero launches
 
 
 @kernel("fill_zero_ranges", (W1, RANGES, RANGES))
