@@ -216,6 +216,22 @@ def print_step_traffic(models=TRAFFIC_MODELS):
               + (f" (before {sorted(set(k for _, k in overwritten))})" if overwritten else ""))
         print("    any-channel (scalar-staged) tensor-core kernels: "
               + ("; ".join(f"{k} at {', '.join(v)}" for k, v in any_channels.items()) or "none"))
+        print_step_prediction(model, other[1] + other[2], other[0])
+
+
+def print_step_prediction(model, other_bytes, other_launches):
+    """The AMP step's PREDICTED time on an H200 (``model.predict_step``) beside the PyTorch eager figure the model
+    assumes (``model.PYTORCH_EAGER_AMP_ASSUMED``: where it comes from is written there)."""
+    from .model import PYTORCH_EAGER_AMP_ASSUMED, conv_shapes, predict_step
+    p = predict_step(conv_shapes(model.blueprint(), TRAFFIC_BATCH, model.hw), other_bytes, other_launches)
+    line = (f"    PREDICTED step on an H200 (a model, not a measurement): {p.seconds * 1e3:.1f} ms = convolution GEMMs "
+            f"{p.gemm_s * 1e3:.1f} + other kernels' bytes at 4.3 TB/s {p.other_s * 1e3:.1f} + {p.other_launches} "
+            f"launch gaps {p.gaps_s * 1e3:.1f}")
+    torch = PYTORCH_EAGER_AMP_ASSUMED.get(model.name.replace("-", "_"))
+    if torch:
+        line += (f"; PyTorch eager AMP ASSUMED {torch[0] * 1e3:.1f}-{torch[1] * 1e3:.1f} ms: ours / PyTorch's "
+                 f"{p.seconds / torch[1]:.2f}-{p.seconds / torch[0]:.2f}x (predicted)")
+    print(line)
 
 
 def _fused_kinds(plan):

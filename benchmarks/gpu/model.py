@@ -238,12 +238,11 @@ class StepPrediction:
         return self.gemm_s + self.other_s + self.gaps_s
 
 
-def predict_step(shapes, other_bytes, gpu=H200):
-    """``StepPrediction`` of a step whose convolutions are ``shapes`` and whose other launches read and write
-    ``other_bytes`` (one figure per launch, from the recorded tape)."""
-    other = [float(b) for b in other_bytes]
+def predict_step(shapes, other_bytes, other_launches, gpu=H200):
+    """``StepPrediction`` of a step whose convolutions are ``shapes`` and whose ``other_launches`` other kernels
+    read and write ``other_bytes`` in all (from the recorded tape)."""
     _, gemm_s, _ = model_table(shapes, gpu)
-    return StepPrediction(gemm_s, sum(other) / gpu.streaming_bytes_s, len(other), len(other) * gpu.launch_s)
+    return StepPrediction(gemm_s, other_bytes / gpu.streaming_bytes_s, other_launches, other_launches * gpu.launch_s)
 
 
 # PyTorch eager AMP training steps the predictions are compared with: ASSUMED, not measured here.

@@ -62,8 +62,8 @@ def test_the_issue_term_follows_the_sass_counts(monkeypatch):
 
 def test_a_step_adds_its_other_kernels_bytes_at_the_streaming_bandwidth_and_a_gap_each():
     shapes = conv_shapes(resnet18_cifar_blueprint(), 64, 32)
-    bare = predict_step(shapes, [])
-    step = predict_step(shapes, [4.3e9, 0.0])     # 4.3 GB at 4.3 TB/s: 1 ms
+    bare = predict_step(shapes, 0.0, 0)
+    step = predict_step(shapes, 4.3e9, 2)     # 4.3 GB at 4.3 TB/s: 1 ms
     assert bare.other_s == 0 and step.gemm_s == bare.gemm_s > 0
     assert step.other_s == pytest.approx(1e-3) and step.other_launches == 2
     assert step.seconds == pytest.approx(bare.seconds + 1e-3 + 2 * H200.launch_s)

@@ -98,3 +98,16 @@ def test_a_fill_before_a_kernel_that_writes_the_buffer_whole_is_found():
     launches = [Launch(_fill_zero_f16, 1, 32, (y,)), Launch(relu, 1, 32, (x, y, f, f)),
                 Launch(_fill_zero_u32, 1, 32, (flag.view(np.uint32),)), Launch(optim._check_overflow, 1, 32, (g, flag))]
     assert overwritten_fills(launches) == [(0, "activation_forward.relu")]
+
+
+def test_the_step_prediction_is_labelled_and_adds_the_tapes_bytes(capsys):
+    """The dry run's step line: a PREDICTION, the assumed PyTorch figure named ASSUMED, and the other kernels'
+    bytes entering at 4.3 TB/s (10 GB more: 2.33 ms more; printed to 0.1 ms)."""
+    from benchmarks.gpu.dry import print_step_prediction
+    model = next(m for m in TIMING_MODELS if m.name == "resnet18-cifar")
+    print_step_prediction(model, 10e9, 100)
+    print_step_prediction(model, 20e9, 100)
+    lines = capsys.readouterr().out.splitlines()
+    assert all("PREDICTED" in line and "ASSUMED" in line and "(predicted)" in line for line in lines)
+    first, second = (float(line.split("other kernels' bytes at 4.3 TB/s ")[1].split()[0]) for line in lines)
+    assert second - first == pytest.approx(10e9 / 4.3e12 * 1e3, abs=0.11)
