@@ -9,8 +9,10 @@ Four algorithms, chosen from the shapes:
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
-- direct forward (`cpu_ref._conv_direct`): the forward of the stem and of strided layers with
-  at most 32 output channels, a register-blocked loop; no workspace. Their backward stays general.
+- direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow layers:
+  the forward of the stem and of strided layers with at most 32 output channels, the input gradient
+  of 3x3 (and wider) layers with 8-32 input channels, the weight gradient of those with 8-32 output
+  channels (where the input gradient is direct too, or not wanted: otherwise one GEMM pass does both).
 
 Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
 small convolutions run the partitions one after another, larger ones on the thread pool
@@ -29,7 +31,14 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
-from cpu_ref._conv_direct import direct_forward, uses_direct_forward
+from cpu_ref._conv_direct import (
+    direct_forward,
+    direct_input_grad,
+    direct_weight_grad,
+    uses_direct_forward,
+    uses_direct_input_grad,
+    uses_direct_weight_grad,
+)
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
@@ -438,4 +447,13 @@ def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate):
     elif _is_pointwise(w, stride, pad, groups):
         dw.reshape(cout, -1)[...] = _run_pointwise(x, w, dy.reshape(-1, cout), dx, True, accumulate)
     else:
-        dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), dx, stride, pad, col, True, accumulate).T
+        direct_dx = dx is not None and uses_direct_input_grad(w.shape, stride, groups)
+        direct_dw = uses_direct_weight_grad(w.shape, stride, groups) and (dx is None or direct_dx)
+        work = dy.size * w[0].size // MACS_PER_ELEMENT
+        if direct_dx:
+            direct_input_grad(dy, w, dx, stride, pad, accumulate, work)
+        if direct_dw:
+            dw[...] = direct_weight_grad(x, dy, w.shape, stride, pad, work)
+        else:
+            dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), None if direct_dx else dx, stride, pad,
+                                                  col, True, accumulate).T

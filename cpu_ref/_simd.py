@@ -10,18 +10,31 @@ SROA turns into vector registers; a multiply-add is one broadcast FMA (``{1to16}
 """
 import functools
 
+from llvmlite import binding as ll
 from llvmlite import ir
 from numba import types
+from numba.core import config
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 
+def _target_has_avx512() -> bool:
+    """Whether numba's target (``NUMBA_CPU_FEATURES``, else the host's) has AVX-512's 32 vector registers."""
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
+#: Vector registers numba's target has: 32 (zmm) with AVX-512, else 16 (ymm on AVX2).
+VECTOR_REGISTERS = 32 if _target_has_avx512() else 16
+
+
 @functools.cache
 def vector_block(width: int, count: int):
-    """``(alloc, zero, fma, store)`` for a block of ``count`` vectors of ``width`` float32:
+    """``(alloc, zero, fma, store, load)`` for a block of ``count`` vectors of ``width`` float32:
 
     - ``alloc()``: the block (a float32 pointer to stack memory);
     - ``zero(block, q)``: vector ``q`` = 0;
+    - ``load(block, q, y, i)``: vector ``q`` = ``y[i:i+width]`` (to add into what ``y`` holds);
     - ``fma(block, q, x, w, i)``: vector ``q`` += ``x`` * ``w[i:i+width]`` (``w`` a contiguous 1-D array);
     - ``store(block, q, y, i)``: ``y[i:i+width]`` = vector ``q``.
 
@@ -74,4 +87,13 @@ def vector_block(width: int, count: int):
             return context.get_dummy_value()
         return types.none(block, q, y, i), codegen
 
-    return alloc, zero, fma, store
+    @intrinsic
+    def load(typingctx, block, q, y, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, y_, i_ = args
+            builder.store(builder.load(element(context, builder, sig.args[2], y_, i_), align=4),
+                          slot(builder, block_, q_), align=4)
+            return context.get_dummy_value()
+        return types.none(block, q, y, i), codegen
+
+    return alloc, zero, fma, store, load

@@ -9,6 +9,7 @@ import pytest
 from cpu_ref import _conv_direct as D
 from cpu_ref import kernels as K
 from planner import reference as R
+from tests.support.float32_error import assert_like_float32
 
 F32 = np.float32
 TOL = 1e-5   # fp32 sums of at most 5*5*6 products against the float64 reference
@@ -54,13 +55,14 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
 @pytest.mark.parametrize("w_shape,stride,groups,direct", [
     ((16, 3, 3, 3), 1, 1, True),      # resnet20's stem: 27-column patches
     ((32, 3, 3, 16), 2, 1, True),     # strided
-    ((16, 3, 3, 16), 1, 1, False),    # wide enough for im2col + GEMM
+    ((16, 3, 3, 16), 1, 1, True),     # narrow stride 1
+    ((32, 3, 3, 32), 1, 1, True),
     ((64, 3, 3, 32), 2, 1, False),    # one pixel per register block
     ((12, 3, 3, 3), 1, 1, False),     # not whole 8-float vectors
     ((32, 1, 1, 16), 2, 1, False),    # 1x1: no window to walk
     ((16, 3, 3, 4), 2, 2, False),     # grouped
 ])
-def test_the_rule_takes_the_stem_and_strided_narrow_layers(w_shape, stride, groups, direct):
+def test_the_rule_takes_the_narrow_layers(w_shape, stride, groups, direct):
     assert D.uses_direct_forward(w_shape, stride, groups) is direct
 
 
@@ -70,3 +72,92 @@ def test_conv2d_forward_takes_the_direct_path_without_a_workspace():
     K.conv2d_forward(x, wt, y, 1, 1, 1, np.empty(0, F32))   # the general path would refuse this workspace
     want = R.conv2d_forward(x.astype(np.float64), wt.astype(np.float64), 1, 1, 1)
     np.testing.assert_allclose(y, want, rtol=TOL, atol=TOL * float(np.abs(want).max()))
+
+
+# ---------------------------------------------------------------------------- backward: input and weight gradient
+
+BACKWARD_CASES = [
+    # n, h, w, cin, cout, k, stride, pad
+    (2, 7, 9, 16, 16, 3, 1, 1),    # 4-pixel dx blocks, 9 = 2 blocks + 1 single pixel; both borders
+    (1, 9, 9, 16, 32, 3, 2, 1),    # stride 2, odd input: two phases of 5 and 4 pixels
+    (1, 8, 6, 32, 32, 3, 2, 1),    # stride 2, even input; 2-pixel dx blocks, 2-channel dw blocks
+    (3, 5, 5, 32, 16, 3, 1, 1),    # 32 input channels in the lanes of dx; 4-channel dw blocks
+    (1, 10, 11, 8, 8, 5, 2, 2),    # 5x5 window, 8-wide lanes, 8-pixel blocks
+    (2, 9, 9, 8, 16, 3, 2, 0),     # no padding: the last input row and column receive nothing
+    (1, 3, 3, 16, 16, 3, 1, 1),    # fewer columns than a block
+    (2, 7, 7, 3, 16, 3, 1, 1),     # the stem's weight gradient: 3 input channels, no whole block
+    (1, 7, 7, 6, 16, 3, 2, 1),     # 6 input channels: a whole block of 4, then 2 single ones
+]
+
+
+def _backward_inputs(n, h, w, cin, cout, k, s, p, seed=2):
+    rng = np.random.default_rng(seed)
+    x, wt = _inputs(n, h, w, cin, cout, k, seed)
+    dy = rng.standard_normal((n, R.conv_output_size(h, k, s, p), R.conv_output_size(w, k, s, p), cout)).astype(F32)
+    want_dx, want_dw = R.conv2d_backward(x.astype(np.float64), wt.astype(np.float64), dy.astype(np.float64), s, p, 1)
+    f32_dx, f32_dw = R.conv2d_backward(x, wt, dy, s, p, 1)     # numpy float32: the error float32 is allowed
+    return x, wt, dy, (want_dx, f32_dx), (want_dw, f32_dw)
+
+
+@pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", [c for c in BACKWARD_CASES if c[3] % 8 == 0])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_direct_input_grad_matches_the_reference(n, h, w, cin, cout, k, s, p, accumulate):
+    x, wt, dy, (want, f32), _ = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    before = np.random.default_rng(3).standard_normal(x.shape).astype(F32)
+    dx = before.copy() if accumulate else np.full(x.shape, np.nan, F32)   # every element must be written
+    D.direct_input_grad(dy, wt, dx, s, p, accumulate, work=1)
+    offset = before if accumulate else 0
+    assert_like_float32("dx", dx - offset, f32, want, oracle="numpy float32")
+
+
+@pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", BACKWARD_CASES)
+def test_direct_weight_grad_matches_the_reference(n, h, w, cin, cout, k, s, p):
+    x, wt, dy, _, (want, f32) = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    dw = D.direct_weight_grad(x, dy, wt.shape, s, p, work=1)
+    assert dw.shape == wt.shape
+    assert_like_float32("dw", dw, f32, want, oracle="numpy float32")
+
+
+@pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", BACKWARD_CASES[:3])
+def test_the_backward_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
+    x, wt, dy, _, _ = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    span, parallel = D._input_grad_kernels(cin)
+    wk = np.ascontiguousarray(wt.transpose(1, 2, 0, 3))
+    serial, pooled = np.empty_like(x), np.empty_like(x)
+    span(dy, wk, serial, s, p, False, 0, 1)
+    parallel(dy, wk, pooled, s, p, False, 3)
+    assert serial.tobytes() == pooled.tobytes()
+    span, parallel = D._weight_grad_kernels(cout)
+    serial, pooled = (np.zeros((2, k, k, cin, cout), F32) for _ in range(2))
+    for t in range(2):
+        span(x, dy, serial, s, p, t, 2)
+    parallel(x, dy, pooled, s, p, 2)
+    assert serial.tobytes() == pooled.tobytes()
+
+
+@pytest.mark.parametrize("w_shape,stride,groups,dx,dw", [
+    ((16, 3, 3, 16), 1, 1, True, True),      # resnet20's narrow layers
+    ((32, 3, 3, 16), 2, 1, True, True),
+    ((64, 3, 3, 32), 2, 1, True, False),     # 64 output channels: one channel per dw block
+    ((16, 3, 3, 3), 1, 1, False, False),     # the stem: 3 input channels are not whole vectors
+    ((32, 1, 1, 16), 2, 1, False, False),    # 1x1: no window
+    ((16, 3, 3, 8), 1, 2, False, False),     # grouped
+])
+def test_the_backward_rules(w_shape, stride, groups, dx, dw):
+    assert D.uses_direct_input_grad(w_shape, stride, groups) is dx
+    assert D.uses_direct_weight_grad(w_shape, stride, groups) is dw
+
+
+@pytest.mark.parametrize("cin,cout,want_dx", [(16, 32, True), (32, 64, True), (3, 16, False), (16, 32, False)])
+def test_conv2d_backward_combines_the_direct_and_general_paths(cin, cout, want_dx):
+    """Both gradients direct (16->32), dx direct and dW by GEMM (32->64), both general (the stem, without
+    dx), dW direct without dx (16->32)."""
+    n, h, w, k, s, p = 2, 7, 7, 3, 2, 1
+    x, wt, dy, (want_dx_, f32_dx), (want_dw, f32_dw) = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    col = np.empty(n * 4 * 4 * k * k * cin, F32)
+    dx = np.full(x.shape, np.nan, F32) if want_dx else None
+    dw = np.full(wt.shape, np.nan, F32)
+    K.conv2d_backward(x, wt, dy, dx, dw, s, p, 1, col, False)
+    assert_like_float32("dw", dw, f32_dw, want_dw, oracle="numpy float32")
+    if want_dx:
+        assert_like_float32("dx", dx, f32_dx, want_dx_, oracle="numpy float32")
