@@ -1,4 +1,4 @@
-"""Direct NHWC convolution forward for the layers where im2col + GEMM loses.
+"""Direct NHWC convolution (forward, input and weight gradient) for the layers where im2col + GEMM loses.
 
 im2col copies every input pixel ``KH*KW`` times to hand BLAS one big matrix; for a layer with few
 input channels (the 3-channel stem: 27 columns) or a strided one (each input pixel still copied
@@ -9,9 +9,13 @@ while the kernel walks the taps and input channels: each input value is one broa
 multiply-add per pixel and each weight vector is loaded once per block. Pixels whose window
 leaves the image (the borders) are done one at a time over their valid taps.
 
-The choice is a rule of the shapes (`uses_direct_forward`), never a timing, so results do not
-depend on the machine's load. Output rows are split between threads; every output element is
-computed by one thread in one fixed order, so the result does not depend on the thread count.
+The input gradient (input channels in the lanes, blocks of pixels of one phase of the stride) and the
+weight gradient (blocks of input channels x all output channels of one tap, summed per partition of the
+samples) follow the same pattern. Which layers come here is a rule of the shapes recorded in the plan
+(`planner.conv_algorithm`), never a timing, so results do not depend on the machine's load. The forward
+and the input gradient split their output rows between threads; each element is computed by one thread
+in one fixed order, so the result does not depend on the thread count (the weight gradient's does, as
+its partial sums are per partition).
 """
 import functools
 
@@ -20,24 +24,12 @@ from numba import njit, prange, uint64
 
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
+from planner.conv_algorithm import BLOCK_FLOATS
 
-#: Floats of output block in registers: 4 zmm on AVX-512, 8 of AVX2's 16 ymm.
-BLOCK_FLOATS = 64
 #: Floats of weight-gradient block in registers: its inner loop does ``rows`` broadcast loads of ``x`` and one
 #: vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs per load. 8 zmm of AVX-512's 32
 #: (32->32 layers ran 1.8x faster than with 4); AVX2's 16 ymm hold the 64-float block and the ``dy`` vectors.
 WGRAD_BLOCK_FLOATS = 128 if VECTOR_REGISTERS == 32 else 64
-#: Output pixels a block must hold for the direct forward to be chosen: with one, every weight vector
-#: is loaded for a single pixel, and 64-channel layers ran slower than im2col + GEMM.
-MIN_BLOCK_PIXELS = 2
-
-
-def uses_direct_forward(w_shape, stride, groups) -> bool:
-    """The layers the direct forward takes: ungrouped, a window wider than 1x1, output channels in whole
-    8-float vectors with room for ``MIN_BLOCK_PIXELS`` pixels per block (8 to 32 channels), any stride
-    (resnet20's 16->16 and 32->32 stride-1 layers, measured at one thread, ran 1.1-1.4x faster than im2col + GEMM)."""
-    cout, kh, kw, _ = w_shape
-    return groups == 1 and kh * kw > 1 and cout % 8 == 0 and cout * MIN_BLOCK_PIXELS <= BLOCK_FLOATS
 
 
 @functools.cache
@@ -98,32 +90,13 @@ def _kernels(cout):
 
 
 def direct_forward(x, w, y, stride, pad, work):
-    """``y = conv2d(x, w)`` (groups 1) for a layer `uses_direct_forward` takes; no workspace. ``work``:
+    """``y = conv2d(x, w)`` (groups 1); no workspace. ``work``:
     its size in elementwise units, for `run_split`'s choice of the thread pool."""
     span, parallel = _kernels(w.shape[0])
     run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, stride, pad)
 
 
 # ---------------------------------------------------------------------------- backward: input and weight gradient
-
-def uses_direct_input_grad(w_shape, stride, groups) -> bool:
-    """The layers whose input gradient the direct kernel takes: ungrouped, a window wider than 1x1, and
-    *input* channels (the vector lanes here) in whole 8-float vectors with room for ``MIN_BLOCK_PIXELS``
-    pixels per block (8 to 32 channels). im2col + GEMM spends most of such a layer's input gradient in
-    the col2im scatter of a ``KH*KW`` times larger patch gradient."""
-    _, kh, kw, cin = w_shape
-    return groups == 1 and kh * kw > 1 and cin % 8 == 0 and cin * MIN_BLOCK_PIXELS <= BLOCK_FLOATS
-
-
-def uses_direct_weight_grad(w_shape, stride, groups) -> bool:
-    """The layers whose weight gradient the direct kernel takes: ungrouped, a window wider than 1x1,
-    output channels (the vector lanes) in whole 8-float vectors with room for ``MIN_BLOCK_PIXELS`` input
-    channels per block (8 to 32 channels), and input channels in whole 8s: the stem's 3 fill no block,
-    and its weight gradient ran no faster than im2col + GEMM."""
-    cout, kh, kw, cin = w_shape
-    return (groups == 1 and kh * kw > 1 and cout % 8 == 0 and cout * MIN_BLOCK_PIXELS <= BLOCK_FLOATS
-            and cin % 8 == 0)
-
 
 @functools.cache
 def _input_grad_kernels(cin):
@@ -245,7 +218,7 @@ def _weight_grad_kernels(cout):
 
 
 def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
-    """``dx`` (overwritten, or added into when ``accumulate``) of a layer `uses_direct_input_grad` takes;
+    """``dx`` (overwritten, or added into when ``accumulate``) of a convolution (groups 1);
     no workspace. Each ``dx`` element is summed by one thread in one fixed order: the result does not
     depend on the thread count."""
     span, parallel = _input_grad_kernels(w.shape[3])
@@ -253,7 +226,7 @@ def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
 
 
 def direct_weight_grad(x, dy, w_shape, stride, pad, work):
-    """The weight gradient ``(Cout, KH, KW, Cin)`` of a layer `uses_direct_weight_grad` takes: one partial
+    """The weight gradient ``(Cout, KH, KW, Cin)`` of a convolution (groups 1): one partial
     sum per partition of the samples (``partitions``), added in a fixed order (reproducible for a given
     thread count)."""
     cout, kh, kw, cin = w_shape

@@ -9,6 +9,7 @@ import pytest
 from cpu_ref import _conv_direct as D
 from cpu_ref import kernels as K
 from planner import reference as R
+from planner.conv_algorithm import ConvAlgorithms, conv_algorithms
 from tests.support.float32_error import assert_like_float32
 
 F32 = np.float32
@@ -52,18 +53,21 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     assert serial.tobytes() == pooled.tobytes()
 
 
-@pytest.mark.parametrize("w_shape,stride,groups,direct", [
-    ((16, 3, 3, 3), 1, 1, True),      # resnet20's stem: 27-column patches
-    ((32, 3, 3, 16), 2, 1, True),     # strided
-    ((16, 3, 3, 16), 1, 1, True),     # narrow stride 1
-    ((32, 3, 3, 32), 1, 1, True),
-    ((64, 3, 3, 32), 2, 1, False),    # one pixel per register block
-    ((12, 3, 3, 3), 1, 1, False),     # not whole 8-float vectors
-    ((32, 1, 1, 16), 2, 1, False),    # 1x1: no window to walk
-    ((16, 3, 3, 4), 2, 2, False),     # grouped
+@pytest.mark.parametrize("w_shape,stride,pad,groups,algorithms", [
+    ((16, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "gemm")),        # resnet20's stem: 3 input channels
+    ((16, 3, 3, 16), 1, 1, 1, ("direct", "direct", "direct")),   # the narrow layers
+    ((32, 3, 3, 16), 2, 1, 1, ("direct", "direct", "direct")),
+    ((32, 3, 3, 32), 1, 1, 1, ("direct", "direct", "direct")),
+    ((64, 3, 3, 32), 2, 1, 1, ("gemm", "direct", "gemm")),       # one pixel (input channel) per block: GEMM
+    ((32, 3, 3, 64), 1, 1, 1, ("direct", "gemm", "gemm")),       # dW goes with a GEMM dx
+    ((12, 3, 3, 8), 1, 1, 1, ("gemm", "direct", "gemm")),        # not whole 8-float vectors
+    ((32, 1, 1, 16), 2, 0, 1, ("gemm", "gemm", "gemm")),         # 1x1 strided: no window to walk
+    ((32, 1, 1, 16), 1, 0, 1, ("pointwise",) * 3),
+    ((16, 3, 3, 1), 1, 1, 16, ("depthwise",) * 3),
+    ((16, 3, 3, 4), 2, 1, 2, ("gemm", "gemm", "gemm")),          # grouped
 ])
-def test_the_rule_takes_the_narrow_layers(w_shape, stride, groups, direct):
-    assert D.uses_direct_forward(w_shape, stride, groups) is direct
+def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorithms):
+    assert tuple(conv_algorithms(w_shape, stride, pad, groups)) == algorithms
 
 
 def test_conv2d_forward_takes_the_direct_path_without_a_workspace():
@@ -135,19 +139,6 @@ def test_the_backward_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, 
     assert serial.tobytes() == pooled.tobytes()
 
 
-@pytest.mark.parametrize("w_shape,stride,groups,dx,dw", [
-    ((16, 3, 3, 16), 1, 1, True, True),      # resnet20's narrow layers
-    ((32, 3, 3, 16), 2, 1, True, True),
-    ((64, 3, 3, 32), 2, 1, True, False),     # 64 output channels: one channel per dw block
-    ((16, 3, 3, 3), 1, 1, False, False),     # the stem: 3 input channels are not whole vectors
-    ((32, 1, 1, 16), 2, 1, False, False),    # 1x1: no window
-    ((16, 3, 3, 8), 1, 2, False, False),     # grouped
-])
-def test_the_backward_rules(w_shape, stride, groups, dx, dw):
-    assert D.uses_direct_input_grad(w_shape, stride, groups) is dx
-    assert D.uses_direct_weight_grad(w_shape, stride, groups) is dw
-
-
 @pytest.mark.parametrize("cin,cout,want_dx", [(16, 32, True), (32, 64, True), (3, 16, False), (16, 32, False)])
 def test_conv2d_backward_combines_the_direct_and_general_paths(cin, cout, want_dx):
     """Both gradients direct (16->32), dx direct and dW by GEMM (32->64), both general (the stem, without
@@ -161,3 +152,30 @@ def test_conv2d_backward_combines_the_direct_and_general_paths(cin, cout, want_d
     assert_like_float32("dw", dw, f32_dw, want_dw, oracle="numpy float32")
     if want_dx:
         assert_like_float32("dx", dx, f32_dx, want_dx_, oracle="numpy float32")
+
+
+@pytest.mark.parametrize("algorithms", [ConvAlgorithms("direct", "direct", "direct"), ConvAlgorithms("gemm", "gemm", "gemm"),
+                                        ConvAlgorithms("gemm", "direct", "gemm")])
+def test_the_kernels_run_the_algorithms_the_plan_recorded(algorithms, monkeypatch):
+    """`conv2d_forward` / `conv2d_backward` take the ``algorithms`` they are given (the plan's), not their own rule."""
+    from cpu_ref import _conv as C
+    monkeypatch.setattr(C, "conv_algorithms", None)   # the rule must not be consulted
+    called = []
+    for name in ("direct_forward", "direct_input_grad", "direct_weight_grad", "_run_gemm"):
+        original = getattr(C, name)
+        monkeypatch.setattr(C, name, lambda *a, _f=original, _n=name, **k: (called.append(_n), _f(*a, **k))[1])
+    n, h, w, cin, cout, k, s, p = 2, 7, 7, 16, 16, 3, 1, 1
+    x, wt, dy, (want_dx, f32_dx), (want_dw, f32_dw) = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    col = np.empty(n * h * w * k * k * cin, F32)
+    y, dx, dw = np.empty(dy.shape, F32), np.empty(x.shape, F32), np.empty(wt.shape, F32)
+    K.conv2d_forward(x, wt, y, s, p, 1, col, algorithms)
+    K.conv2d_backward(x, wt, dy, dx, dw, s, p, 1, col, False, algorithms)
+    want_y = R.conv2d_forward(x.astype(np.float64), wt.astype(np.float64), s, p, 1)
+    np.testing.assert_allclose(y, want_y, rtol=TOL, atol=TOL * float(np.abs(want_y).max()))
+    assert_like_float32("dx", dx, f32_dx, want_dx, oracle="numpy float32")
+    assert_like_float32("dw", dw, f32_dw, want_dw, oracle="numpy float32")
+    expected = ["direct_forward" if algorithms.forward == "direct" else "_run_gemm"]
+    expected += ["direct_input_grad", "_run_gemm"] if algorithms.input_grad == "direct" else ["_run_gemm"]
+    if algorithms.weight_grad == "direct":
+        expected = expected[:1] + ["direct_input_grad", "direct_weight_grad"]
+    assert called == expected
