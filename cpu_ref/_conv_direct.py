@@ -24,7 +24,7 @@ from numba import njit, prange, uint64
 
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
-from planner.conv_algorithm import BLOCK_FLOATS
+from planner.conv_algorithm import block_floats
 
 #: Floats of weight-gradient block in registers: its inner loop does ``rows`` broadcast loads of ``x`` and one
 #: vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs per load. 8 zmm of AVX-512's 32
@@ -34,7 +34,7 @@ WGRAD_BLOCK_FLOATS = 128 if VECTOR_REGISTERS == 32 else 64
 
 @functools.cache
 def _kernels(cout):
-    pixels = max(1, BLOCK_FLOATS // cout)
+    pixels = max(1, block_floats(cout, VECTOR_REGISTERS) // cout)
     alloc, zero, fma, store, _ = vector_block(cout, pixels)
 
     @njit
@@ -100,7 +100,7 @@ def direct_forward(x, w, y, stride, pad, work):
 
 @functools.cache
 def _input_grad_kernels(cin):
-    pixels = max(1, BLOCK_FLOATS // cin)
+    pixels = max(1, block_floats(cin, VECTOR_REGISTERS) // cin)
     alloc, zero, fma, store, load = vector_block(cin, pixels)
 
     @njit

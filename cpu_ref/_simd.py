@@ -10,22 +10,16 @@ SROA turns into vector registers; a multiply-add is one broadcast FMA (``{1to16}
 """
 import functools
 
-from llvmlite import binding as ll
 from llvmlite import ir
 from numba import types
-from numba.core import config
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-
-def _target_has_avx512() -> bool:
-    """Whether numba's target (``NUMBA_CPU_FEATURES``, else the host's) has AVX-512's 32 vector registers."""
-    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else ll.get_host_cpu_features().flatten()
-    return "+avx512f" in features.split(",")
+from planner.conv_algorithm import target_vector_registers
 
 
-#: Vector registers numba's target has: 32 (zmm) with AVX-512, else 16 (ymm on AVX2).
-VECTOR_REGISTERS = 32 if _target_has_avx512() else 16
+#: Vector registers numba's target has: 32 (zmm) with AVX-512, else 16 (ymm on AVX2); the plan's rule reads the same.
+VECTOR_REGISTERS = target_vector_registers()
 
 
 @functools.cache

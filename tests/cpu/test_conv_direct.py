@@ -9,7 +9,7 @@ import pytest
 from cpu_ref import _conv_direct as D
 from cpu_ref import kernels as K
 from planner import reference as R
-from planner.conv_algorithm import ConvAlgorithms, conv_algorithms
+from planner.conv_algorithm import ConvAlgorithms, conv_algorithms, target_vector_registers
 from tests.support.float32_error import assert_like_float32
 
 F32 = np.float32
@@ -20,7 +20,7 @@ CASES = [
     (2, 7, 9, 3, 16, 3, 1, 1),     # the stem: 4-pixel blocks, then single pixels, both borders
     (2, 6, 11, 3, 8, 3, 1, 1),     # 8-pixel blocks
     (1, 9, 9, 5, 32, 3, 2, 1),     # stride 2, 2-pixel blocks
-    (1, 8, 8, 4, 64, 3, 2, 1),     # 1-pixel blocks (the kernel takes them; the rule does not choose them)
+    (1, 8, 8, 4, 64, 3, 2, 1),     # 2-pixel blocks with 32 vector registers, else 1 (the rule does not choose those)
     (2, 9, 10, 6, 16, 5, 2, 2),    # 5x5 window, two columns of border taps
     (1, 9, 9, 3, 16, 3, 2, 0),     # no padding: every pixel inside
     (1, 3, 3, 3, 16, 3, 1, 1),     # fewer columns than a block
@@ -55,6 +55,7 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
 
 @pytest.mark.parametrize("w_shape,stride,pad,groups,algorithms", [
     ((16, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "gemm")),        # resnet20's stem: 3 input channels
+    ((64, 3, 3, 64), 1, 1, 1, ("gemm", "gemm", "gemm")),         # one pixel per block in 16 registers: GEMM
     ((16, 3, 3, 16), 1, 1, 1, ("direct", "direct", "direct")),   # the narrow layers
     ((32, 3, 3, 16), 2, 1, 1, ("direct", "direct", "direct")),
     ((32, 3, 3, 32), 1, 1, 1, ("direct", "direct", "direct")),
@@ -67,7 +68,31 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     ((16, 3, 3, 4), 2, 1, 2, ("gemm", "gemm", "gemm")),          # grouped
 ])
 def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorithms):
-    assert tuple(conv_algorithms(w_shape, stride, pad, groups)) == algorithms
+    assert tuple(conv_algorithms(w_shape, stride, pad, groups, registers=16)) == algorithms
+
+
+@pytest.mark.parametrize("w_shape,stride,algorithms", [
+    ((64, 3, 3, 64), 1, ("direct", "direct", "direct")),   # 2-pixel blocks of 64 channels fit 32 registers
+    ((64, 3, 3, 32), 2, ("direct", "direct", "direct")),
+    ((16, 3, 3, 16), 1, ("direct", "direct", "direct")),
+    ((128, 3, 3, 64), 1, ("gemm", "direct", "gemm")),     # 128 channels: one pixel per block
+    ((64, 1, 1, 64), 2, ("gemm", "gemm", "gemm")),
+])
+def test_with_32_vector_registers_the_rule_takes_64_channels(w_shape, stride, algorithms):
+    assert tuple(conv_algorithms(w_shape, stride, 1, 1, registers=32)) == algorithms
+    if max(w_shape[0], w_shape[3]) > 32:   # the default reads the target's registers
+        assert conv_algorithms(w_shape, stride, 1, 1) == conv_algorithms(w_shape, stride, 1, 1,
+                                                                          registers=target_vector_registers())
+
+
+@pytest.mark.parametrize("features,registers", [("+avx,+avx2,+fma,-avx512f", 16), ("+avx2,+avx512f,+fma", 32)])
+def test_the_target_registers_follow_numbas_features(features, registers, monkeypatch):
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", features)
+    target_vector_registers.cache_clear()
+    try:
+        assert target_vector_registers() == registers
+    finally:
+        target_vector_registers.cache_clear()
 
 
 def test_conv2d_forward_takes_the_direct_path_without_a_workspace():
@@ -90,7 +115,9 @@ BACKWARD_CASES = [
     (2, 9, 9, 8, 16, 3, 2, 0),     # no padding: the last input row and column receive nothing
     (1, 3, 3, 16, 16, 3, 1, 1),    # fewer columns than a block
     (2, 7, 7, 3, 16, 3, 1, 1),     # the stem's weight gradient: 3 input channels, no whole block
-    (1, 7, 7, 6, 16, 3, 2, 1),     # 6 input channels: a whole block of 4, then 2 single ones
+    (1, 7, 7, 6, 16, 3, 2, 1),     # 6 input channels: a whole block of 4 (8 with AVX-512), then single ones
+    (2, 5, 6, 64, 64, 3, 1, 1),    # 64 channels: 2-pixel / 2-channel blocks with 32 vector registers, else 1
+    (1, 7, 7, 32, 64, 3, 2, 1),
 ]
 
 
