@@ -9,10 +9,10 @@ Four algorithms, chosen from the shapes by a rule the plan records per layer (`p
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
-- direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow layers:
-  the forward of the stem and of strided layers with at most 32 output channels, the input gradient
-  of 3x3 (and wider) layers with 8-32 input channels, the weight gradient of those with 8-32 output
-  channels (where the input gradient is direct too, or not wanted: otherwise one GEMM pass does both).
+- direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow 3x3 (and
+  wider) layers: the forward of those with 8-32 output channels (64 with AVX-512), the input gradient
+  of those with as many input channels, the weight gradient where the input gradient is direct too
+  (or not wanted: otherwise one GEMM pass does both).
 
 Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
 small convolutions run the partitions one after another, larger ones on the thread pool
