@@ -1,8 +1,8 @@
 """Every distinct convolution of resnet20 and resnet18-CIFAR: ours against PyTorch's, layer by layer.
 
-Ours: `cpu_ref.kernels.conv2d_forward` and `conv2d_backward` (dW and dx), NHWC. PyTorch's:
-`torch.nn.functional.conv2d` and `aten::convolution_backward` (grad input and grad weight) on
-channels_last tensors. The convolutions are read off the PyTorch models (a forward hook on every
+Ours: `cpu_ref.kernels.conv2d_forward` and `conv2d_backward` (dW and dx; and dW alone, without dx), NHWC.
+PyTorch's: `torch.nn.functional.conv2d` and `aten::convolution_backward` (grad input and grad weight; grad
+weight alone) on channels_last tensors. The input gradient's share is the difference of the two backward columns. The convolutions are read off the PyTorch models (a forward hook on every
 Conv2d), each with the number of times it occurs. Each side runs in its own process, alternated
 over `--rounds` (`alternating.py`); a process times every layer `--reps` times after a warm-up
 and reports the median per layer; the table quotes the median over rounds of the ratios, with
@@ -73,7 +73,8 @@ def _ours(conv: dict, n: int):
     dx, dw = np.empty_like(x), np.empty_like(w)
     col = np.empty(n * oh * ow * k * k * conv["cin"], np.float32)
     return (lambda: conv2d_forward(x, w, y, s, p, 1, col),
-            lambda: conv2d_backward(x, w, dy, dx, dw, s, p, 1, col, False))
+            lambda: conv2d_backward(x, w, dy, dx, dw, s, p, 1, col, False),
+            lambda: conv2d_backward(x, w, dy, None, dw, s, p, 1, col, False))
 
 
 def _torch(conv: dict, n: int):
@@ -89,10 +90,9 @@ def _torch(conv: dict, n: int):
         with torch.no_grad():
             torch.nn.functional.conv2d(x, w, None, s, p)
 
-    def backward():
-        torch.ops.aten.convolution_backward(dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], 1,
-                                            [True, True, False])
-    return forward, backward
+    def backward(mask=(True, True, False)):
+        torch.ops.aten.convolution_backward(dy, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, list(mask))
+    return forward, backward, lambda: backward((False, True, False))
 
 
 def _child(side: str, layers: dict[str, list], threads: int, reps: int) -> None:
@@ -103,8 +103,7 @@ def _child(side: str, layers: dict[str, list], threads: int, reps: int) -> None:
     build = _ours if side == "ours" else _torch
     result = {}
     for label, (net, conv) in layers.items():
-        forward, backward = build(conv, BATCH[net])
-        result[label] = [_median_seconds(forward, reps), _median_seconds(backward, reps)]
+        result[label] = [_median_seconds(fn, reps) for fn in build(conv, BATCH[net])]
     print(json.dumps(result))
 
 
@@ -140,11 +139,11 @@ def main(argv=None) -> int:
 
     pairs = alternate(side("ours"), side("torch"), args.rounds)
     print(f"| convolution (count), batch {', '.join(f'{n} {BATCH[n]}' for n in nets)} | fwd ours (ms) | "
-          "fwd PyTorch | fwd ratio | bwd ours (ms) | bwd PyTorch | bwd ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "fwd PyTorch | fwd ratio | bwd ours (ms) | bwd PyTorch | bwd ratio | dW ours (ms) | dW PyTorch | dW ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for layer in pairs[0][0]:
         cells = []
-        for which in (0, 1):
+        for which in (0, 1, 2):
             ours = [o[layer][which] for o, _ in pairs]
             theirs = [t[layer][which] for _, t in pairs]
             cells += [ms_summary(ours), ms_summary(theirs), ratio_summary(ours, theirs)]

@@ -89,12 +89,25 @@ def non_trainable_params(plan) -> int:
     return sum(math.prod(p.shape) for p in plan.params if p.region != "params")
 
 
+def cpu_conv_algorithms(plan) -> dict[str, str]:
+    """Layer name -> the CPU algorithm of each direction the plan recorded for a convolution (its ops'
+    ``conv`` attr, `planner.conv_algorithm`); fused plans run no CPU kernels and record none."""
+    return {op.name: str(op.attr("conv")) for op in plan.graphs["train"].ops
+            if op.direction == "forward" and op.attr("conv") is not None}
+
+
 def format_summary(plan, depth: int | None = DEFAULT_DEPTH, title: str = "") -> str:
-    """The table, the parameter counts and the memory totals of a compiled plan (`depth=None`: every layer)."""
+    """The table, the parameter counts and the memory totals of a compiled plan (`depth=None`: every layer,
+    with the CPU algorithm of each convolution)."""
     rows = summary_rows(plan, depth)
-    table = text_table(["module" if depth is None else f"module (depth {depth})", "kind", "layers", "output shape", "params", "MACs"],
-                   [[r.path, r.kind, str(r.layers), str(r.output_shape), f"{r.params:,}", f"{r.macs:,}"]
-                    for r in rows], numeric={2, 4, 5})
+    header = ["module" if depth is None else f"module (depth {depth})", "kind", "layers", "output shape", "params", "MACs"]
+    cells = [[r.path, r.kind, str(r.layers), str(r.output_shape), f"{r.params:,}", f"{r.macs:,}"] for r in rows]
+    algorithms = cpu_conv_algorithms(plan) if depth is None else {}
+    if algorithms:
+        header.append("CPU algorithm")
+        for row, cell in zip(rows, cells):
+            cell.append(algorithms.get(row.path, ""))
+    table = text_table(header, cells, numeric={2, 4, 5})
     memory = plan.memory
     trainable, frozen = plan.params_trainable, non_trainable_params(plan)
     batch = plan.variants["train"].input_shape

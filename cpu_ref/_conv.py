@@ -1,6 +1,6 @@
 """conv2d forward and backward (NHWC activations, OHWI weights, fp32).
 
-Four algorithms, chosen from the shapes:
+Four algorithms, chosen from the shapes by a rule the plan records per layer (`planner.conv_algorithm`):
 - general: im2col of a chunk of output rows into the worker's slice of ``col``, then one
   BLAS GEMM per chunk (and group). A chunk is sized to stay in L2, so the im2col matrix
   never makes a round trip through memory, and smaller still where OpenBLAS has unpacked
@@ -9,8 +9,10 @@ Four algorithms, chosen from the shapes:
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
-- direct forward (`cpu_ref._conv_direct`): the forward of the stem and of strided layers with
-  at most 32 output channels, a register-blocked loop; no workspace. Their backward stays general.
+- direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow 3x3 (and
+  wider) layers: the forward of those with 8-32 output channels (64 with AVX-512), the input gradient
+  of those with as many input channels, the weight gradient where the input gradient is direct too
+  (or not wanted: otherwise one GEMM pass does both).
 
 Parallelism (``cpu_ref._misc``): the work is split into one static partition per thread;
 small convolutions run the partitions one after another, larger ones on the thread pool
@@ -29,8 +31,9 @@ import numpy as np
 from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
-from cpu_ref._conv_direct import direct_forward, uses_direct_forward
+from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weight_grad
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
+from planner.conv_algorithm import conv_algorithms
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
 COL_CHUNK_BYTES = 1 << 19
@@ -337,14 +340,6 @@ def _depthwise_backward_parallel(x, wt, dy, dx, dwt_parts, s, p, want_dx, accumu
 
 # ---------------------------------------------------------------------------- the contract's entry points
 
-def _is_pointwise(w, stride, pad, groups):
-    return w.shape[1] == w.shape[2] == 1 and stride == 1 and pad == 0 and groups == 1
-
-
-def _is_depthwise(x, w, groups):
-    return groups > 1 and groups == x.shape[3] == w.shape[0] and w.shape[3] == 1
-
-
 def _col_flat(col, x, w, stride, pad, groups):
     n, h, wd, c = x.shape
     _, kh, kw, cg = w.shape
@@ -417,25 +412,44 @@ def _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate):
     return dwt_parts.sum(axis=0)
 
 
-def conv2d_forward(x, w, y, stride, pad, groups, col):
-    """``y = conv2d(x, w)``; x ``(N,H,W,Cin)``, w ``(Cout,KH,KW,Cin//groups)``, y ``(N,OH,OW,Cout)``."""
+def _algorithms(w, stride, pad, groups, algorithms):
+    """The plan's choice (`planner.conv_algorithm`, recorded in the op), or the same rule applied here."""
+    return conv_algorithms(w.shape, stride, pad, groups) if algorithms is None else algorithms
+
+
+def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None):
+    """``y = conv2d(x, w)``; x ``(N,H,W,Cin)``, w ``(Cout,KH,KW,Cin//groups)``, y ``(N,OH,OW,Cout)``.
+    ``algorithms``: the plan's `ConvAlgorithms` for the layer (default: the rule of the shapes)."""
     cout = w.shape[0]
-    if _is_depthwise(x, w, groups):
+    algorithm = _algorithms(w, stride, pad, groups, algorithms).forward
+    if algorithm == "depthwise":
         _run_depthwise_forward(x, w, y, stride, pad)
-    elif _is_pointwise(w, stride, pad, groups):
+    elif algorithm == "pointwise":
         _run_pointwise(x, w, y.reshape(-1, cout), None, False, False)
-    elif uses_direct_forward(w.shape, stride, groups):
+    elif algorithm == "direct":
         direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT)
     else:
         _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False)
 
 
-def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate):
-    """``dw`` (overwritten) and ``dx`` (overwritten, or added into when ``accumulate``; skipped when ``None``)."""
+def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algorithms=None):
+    """``dw`` (overwritten) and ``dx`` (overwritten, or added into when ``accumulate``; skipped when ``None``).
+    ``algorithms``: as for `conv2d_forward`; a ``gemm`` input gradient computes the weight gradient in the
+    same pass, whatever the weight gradient's entry says."""
     cout = w.shape[0]
-    if _is_depthwise(x, w, groups):
+    chosen = _algorithms(w, stride, pad, groups, algorithms)
+    if chosen.input_grad == "depthwise":
         dw[:, :, :, 0] = _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate).transpose(2, 0, 1)
-    elif _is_pointwise(w, stride, pad, groups):
+    elif chosen.input_grad == "pointwise":
         dw.reshape(cout, -1)[...] = _run_pointwise(x, w, dy.reshape(-1, cout), dx, True, accumulate)
     else:
-        dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), dx, stride, pad, col, True, accumulate).T
+        direct_dx = dx is not None and chosen.input_grad == "direct"
+        direct_dw = chosen.weight_grad == "direct" and (dx is None or direct_dx)
+        work = dy.size * w[0].size // MACS_PER_ELEMENT
+        if direct_dx:
+            direct_input_grad(dy, w, dx, stride, pad, accumulate, work)
+        if direct_dw:
+            dw[...] = direct_weight_grad(x, dy, w.shape, stride, pad, work)
+        else:
+            dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), None if direct_dx else dx, stride, pad,
+                                                  col, True, accumulate).T

@@ -1,4 +1,4 @@
-"""Direct NHWC convolution forward for the layers where im2col + GEMM loses.
+"""Direct NHWC convolution (forward, input and weight gradient) for the layers where im2col + GEMM loses.
 
 im2col copies every input pixel ``KH*KW`` times to hand BLAS one big matrix; for a layer with few
 input channels (the 3-channel stem: 27 columns) or a strided one (each input pixel still copied
@@ -9,40 +9,33 @@ while the kernel walks the taps and input channels: each input value is one broa
 multiply-add per pixel and each weight vector is loaded once per block. Pixels whose window
 leaves the image (the borders) are done one at a time over their valid taps.
 
-The choice is a rule of the shapes (`uses_direct_forward`), never a timing, so results do not
-depend on the machine's load. Output rows are split between threads; every output element is
-computed by one thread in one fixed order, so the result does not depend on the thread count.
+The input gradient (input channels in the lanes, blocks of pixels of one phase of the stride) and the
+weight gradient (blocks of input channels x all output channels of one tap, summed per partition of the
+samples) follow the same pattern. Which layers come here is a rule of the shapes recorded in the plan
+(`planner.conv_algorithm`), never a timing, so results do not depend on the machine's load. The forward
+and the input gradient split their output rows between threads; each element is computed by one thread
+in one fixed order, so the result does not depend on the thread count (the weight gradient's does, as
+its partial sums are per partition).
 """
 import functools
 
 import numpy as np
 from numba import njit, prange, uint64
 
-from cpu_ref._misc import partition, run_split
-from cpu_ref._simd import vector_block
+from cpu_ref._misc import partition, partitions, run_partitioned, run_split
+from cpu_ref._simd import VECTOR_REGISTERS, vector_block
+from planner.conv_algorithm import block_floats
 
-#: Floats of output block in registers: 4 zmm on AVX-512, 8 of AVX2's 16 ymm.
-BLOCK_FLOATS = 64
-#: Input channels x taps below which the im2col row is too short for BLAS to gain (the stem's 27).
-DIRECT_MAX_PATCH = 32
-#: Output pixels a block must hold for the direct forward to be chosen: with one, every weight vector
-#: is loaded for a single pixel, and 64-channel layers ran slower than im2col + GEMM.
-MIN_BLOCK_PIXELS = 2
-
-
-def uses_direct_forward(w_shape, stride, groups) -> bool:
-    """The layers the direct forward takes: ungrouped, a window wider than 1x1, output channels in whole
-    8-float vectors with room for ``MIN_BLOCK_PIXELS`` pixels per block, and either a short patch (the
-    stem) or a stride."""
-    cout, kh, kw, cin = w_shape
-    return (groups == 1 and kh * kw > 1 and cout % 8 == 0 and cout * MIN_BLOCK_PIXELS <= BLOCK_FLOATS
-            and (kh * kw * cin <= DIRECT_MAX_PATCH or stride > 1))
+#: Floats of weight-gradient block in registers: its inner loop does ``rows`` broadcast loads of ``x`` and one
+#: vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs per load. 8 zmm of AVX-512's 32
+#: (32->32 layers ran 1.8x faster than with 4); AVX2's 16 ymm hold the 64-float block and the ``dy`` vectors.
+WGRAD_BLOCK_FLOATS = 128 if VECTOR_REGISTERS == 32 else 64
 
 
 @functools.cache
 def _kernels(cout):
-    pixels = max(1, BLOCK_FLOATS // cout)
-    alloc, zero, fma, store = vector_block(cout, pixels)
+    pixels = max(1, block_floats(cout, VECTOR_REGISTERS) // cout)
+    alloc, zero, fma, store, _ = vector_block(cout, pixels)
 
     @njit
     def span(x, wk, y, s, p, t, nparts):
@@ -97,7 +90,147 @@ def _kernels(cout):
 
 
 def direct_forward(x, w, y, stride, pad, work):
-    """``y = conv2d(x, w)`` (groups 1) for a layer `uses_direct_forward` takes; no workspace. ``work``:
+    """``y = conv2d(x, w)`` (groups 1); no workspace. ``work``:
     its size in elementwise units, for `run_split`'s choice of the thread pool."""
     span, parallel = _kernels(w.shape[0])
     run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, stride, pad)
+
+
+# ---------------------------------------------------------------------------- backward: input and weight gradient
+
+@functools.cache
+def _input_grad_kernels(cin):
+    pixels = max(1, block_floats(cin, VECTOR_REGISTERS) // cin)
+    alloc, zero, fma, store, load = vector_block(cin, pixels)
+
+    @njit
+    def span(dy, wk, dx, s, p, accumulate, t, nparts):
+        """Rows ``r = n*H + ih`` of ``dx`` in partition ``t``; ``wk`` is the weight as ``(KH, KW, Cout, Cin)``.
+
+        Input pixel ``iw`` receives tap ``j`` from output column ``(iw + p - j) / s`` where that divides
+        evenly; the pixels ``iw, iw + s, iw + 2s, ...`` of one phase ``iw % s`` share their taps and read
+        consecutive output columns, so a block takes ``pixels`` of them. A block any of whose taps would
+        read outside ``dy`` (the borders) is done one pixel at a time over its valid taps."""
+        n_, h, w, c = dx.shape
+        kh, kw, cout = wk.shape[0], wk.shape[1], wk.shape[2]
+        _, oh_, ow_, _ = dy.shape
+        dyf, wf, dxf = dy.reshape(-1), wk.reshape(-1), dx.reshape(-1)
+        block = alloc()
+        r0, r1 = partition(n_ * h, t, nparts)
+        for r in range(r0, r1):
+            n, ih = r // h, r % h
+            dx_row = r * w * c
+            for phase in range(min(s, w)):
+                iw = phase
+                while iw < w:
+                    whole = (iw + (pixels - 1) * s < w and iw + p - (kw - 1) >= 0
+                             and (iw + p) // s + pixels - 1 < ow_)
+                    done = pixels if whole else 1
+                    for q in range(pixels):
+                        if q < done:
+                            if accumulate:
+                                load(block, q, dxf, uint64(dx_row + (iw + q * s) * c))
+                            else:
+                                zero(block, q)
+                    for i in range(kh):
+                        u = ih + p - i
+                        if u < 0 or u % s != 0 or u // s >= oh_:
+                            continue
+                        dy_row = (n * oh_ + u // s) * ow_
+                        for j in range(kw):
+                            v = iw + p - j
+                            if v < 0 or v % s != 0 or v // s >= ow_:
+                                continue
+                            dy_at = uint64((dy_row + v // s) * cout)
+                            w_tap = uint64((i * kw + j) * cout * c)
+                            if whole:
+                                for co in range(uint64(cout)):
+                                    wi = w_tap + co * uint64(c)
+                                    for q in range(pixels):
+                                        fma(block, q, dyf[dy_at + uint64(q * cout) + co], wf, wi)
+                            else:
+                                for co in range(uint64(cout)):
+                                    fma(block, 0, dyf[dy_at + co], wf, w_tap + co * uint64(c))
+                    for q in range(pixels):
+                        if q < done:
+                            store(block, q, dxf, uint64(dx_row + (iw + q * s) * c))
+                    iw += done * s
+
+    @njit(parallel=True)
+    def parallel(dy, wk, dx, s, p, accumulate, nparts):
+        for t in prange(nparts):
+            span(dy, wk, dx, s, p, accumulate, t, nparts)
+
+    return span, parallel
+
+
+@functools.cache
+def _weight_grad_kernels(cout):
+    rows = max(1, WGRAD_BLOCK_FLOATS // cout)
+    alloc, zero, fma, store, load = vector_block(cout, rows)
+
+    @njit
+    def span(x, dy, dwk_parts, s, p, t, nparts):
+        """The samples of partition ``t``: their weight gradient added into ``dwk_parts[t]``, laid out
+        ``(KH, KW, Cin, Cout)``. A block is ``rows`` input channels x all output channels of one tap,
+        in registers while the kernel walks one sample's output pixels (that sample's ``x`` and ``dy``
+        stay in L2 across the taps); input channels after the last whole block go one at a time."""
+        n_, h, w, c = x.shape
+        _, oh_, ow_, _ = dy.shape
+        kh, kw = dwk_parts.shape[1], dwk_parts.shape[2]
+        xf, dyf, dwf = x.reshape(-1), dy.reshape(-1), dwk_parts[t].reshape(-1)
+        block = alloc()
+        lo, hi = partition(n_, t, nparts)
+        for n in range(lo, hi):
+            for i in range(kh):
+                oh_lo, oh_hi = max(0, (p - i + s - 1) // s), min(oh_, (h - 1 + p - i) // s + 1)
+                for j in range(kw):
+                    ow_lo, ow_hi = max(0, (p - j + s - 1) // s), min(ow_, (w - 1 + p - j) // s + 1)
+                    c0 = 0
+                    while c0 < c:
+                        done = rows if c0 + rows <= c else 1
+                        dw_at = uint64(((i * kw + j) * c + c0) * cout)
+                        for q in range(rows):
+                            if q < done:
+                                load(block, q, dwf, dw_at + uint64(q * cout))
+                        for oh in range(oh_lo, oh_hi):
+                            x_row = uint64(((n * h + oh * s - p + i) * w - p + j) * c + c0)
+                            dy_row = uint64((n * oh_ + oh) * ow_ * cout)
+                            if done == rows:
+                                for ow in range(uint64(ow_lo), uint64(ow_hi)):
+                                    xi, di = x_row + ow * uint64(s * c), dy_row + ow * uint64(cout)
+                                    for q in range(rows):
+                                        fma(block, q, xf[xi + uint64(q)], dyf, di)
+                            else:
+                                for ow in range(uint64(ow_lo), uint64(ow_hi)):
+                                    fma(block, 0, xf[x_row + ow * uint64(s * c)], dyf, dy_row + ow * uint64(cout))
+                        for q in range(rows):
+                            if q < done:
+                                store(block, q, dwf, dw_at + uint64(q * cout))
+                        c0 += done
+
+    @njit(parallel=True)
+    def parallel(x, dy, dwk_parts, s, p, nparts):
+        for t in prange(nparts):
+            span(x, dy, dwk_parts, s, p, t, nparts)
+
+    return span, parallel
+
+
+def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
+    """``dx`` (overwritten, or added into when ``accumulate``) of a convolution (groups 1);
+    no workspace. Each ``dx`` element is summed by one thread in one fixed order: the result does not
+    depend on the thread count."""
+    span, parallel = _input_grad_kernels(w.shape[3])
+    run_split(span, parallel, work, dy, np.ascontiguousarray(w.transpose(1, 2, 0, 3)), dx, stride, pad, accumulate)
+
+
+def direct_weight_grad(x, dy, w_shape, stride, pad, work):
+    """The weight gradient ``(Cout, KH, KW, Cin)`` of a convolution (groups 1): one partial
+    sum per partition of the samples (``partitions``), added in a fixed order (reproducible for a given
+    thread count)."""
+    cout, kh, kw, cin = w_shape
+    span, parallel = _weight_grad_kernels(cout)
+    parts = np.zeros((partitions(x.shape[0]), kh, kw, cin, cout), np.float32)
+    run_partitioned(span, parallel, parts.shape[0], work, x, dy, parts, stride, pad)
+    return parts.sum(axis=0).transpose(3, 0, 1, 2)

@@ -161,7 +161,8 @@ def _loss(ex, layer, op, views):
 @CPU.implements(Prim.CONV, "forward")
 def _conv_fwd(ex, layer, op, views):
     K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True),
-                     layer.param("stride"), layer.param("padding"), layer.param("groups"), _col(op, views))
+                     layer.param("stride"), layer.param("padding"), layer.param("groups"), _col(op, views),
+                     op.attr("conv"))
 
 
 def _col(op, views):
@@ -272,7 +273,7 @@ def _acc(op, role=Role.DX):
 def _conv_bwd(ex, layer, op, views):
     K.conv2d_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
                       _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), layer.param("stride"),
-                      layer.param("padding"), layer.param("groups"), _col(op, views), _acc(op))
+                      layer.param("padding"), layer.param("groups"), _col(op, views), _acc(op), op.attr("conv"))
 
 
 @CPU.implements((Prim.BN2D, Prim.BN1D), "backward")

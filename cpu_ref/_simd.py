@@ -15,13 +15,20 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from planner.conv_algorithm import target_vector_registers
+
+
+#: Vector registers numba's target has: 32 (zmm) with AVX-512, else 16 (ymm on AVX2); the plan's rule reads the same.
+VECTOR_REGISTERS = target_vector_registers()
+
 
 @functools.cache
 def vector_block(width: int, count: int):
-    """``(alloc, zero, fma, store)`` for a block of ``count`` vectors of ``width`` float32:
+    """``(alloc, zero, fma, store, load)`` for a block of ``count`` vectors of ``width`` float32:
 
     - ``alloc()``: the block (a float32 pointer to stack memory);
     - ``zero(block, q)``: vector ``q`` = 0;
+    - ``load(block, q, y, i)``: vector ``q`` = ``y[i:i+width]`` (to add into what ``y`` holds);
     - ``fma(block, q, x, w, i)``: vector ``q`` += ``x`` * ``w[i:i+width]`` (``w`` a contiguous 1-D array);
     - ``store(block, q, y, i)``: ``y[i:i+width]`` = vector ``q``.
 
@@ -74,4 +81,13 @@ def vector_block(width: int, count: int):
             return context.get_dummy_value()
         return types.none(block, q, y, i), codegen
 
-    return alloc, zero, fma, store
+    @intrinsic
+    def load(typingctx, block, q, y, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, y_, i_ = args
+            builder.store(builder.load(element(context, builder, sig.args[2], y_, i_), align=4),
+                          slot(builder, block_, q_), align=4)
+            return context.get_dummy_value()
+        return types.none(block, q, y, i), codegen
+
+    return alloc, zero, fma, store, load

@@ -29,6 +29,7 @@ from planner.plan import (
     DTYPE_BYTES, INPUT_ROLES, PARAM_GRADIENT, ComputationGraph, Op, Operand, ParamSpec, Region, Role, Shape,
     TensorSpec, gradient_roles, new_record, role_named,
 )
+from planner.conv_algorithm import conv_algorithms
 from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
 
 SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
@@ -125,6 +126,8 @@ class Persistent:
     # position in a fused op), and the BN statistics among them (a training forward writes them)
     param_operands: dict[int, tuple[Operand, ...]]
     stat_operands: dict[int, tuple[Operand, ...]]
+    # position of a convolution -> its op attr ("conv", ConvAlgorithms): the CPU algorithm of each direction
+    conv_attrs: dict[int, tuple[tuple[str, object], ...]]
 
 
 SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
@@ -134,6 +137,7 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     make = _TensorMaker(0)
     producer = {prim.output: prim for _, prim in s.prims}
     rows = []   # ParamSpec fields up to `role`; the linked tensors are made after every parameter
+    conv_attrs = {}
     for position, (_, prim) in enumerate(s.prims):
         for rule, shape in param_shapes[position]:
             role, region = _role_and_region(prim.kind, rule.suffix, rule.region)
@@ -143,6 +147,8 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
             layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
             if prim.kind == "conv" and role is Role.WEIGHT:
                 fan_in, fan_out = math.prod(shape[1:]), shape[0] * shape[1] * shape[2]
+                conv_attrs[position] = (("conv", conv_algorithms(shape, prim.param("stride"), prim.param("padding"),
+                                                                 prim.param("groups"))),)
             if prim.kind == "fc":
                 fan_in = param_shapes[position][0][1][1]
                 source = _flatten_source(s, producer, prim)
@@ -181,7 +187,7 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
         if stats:
             stat_operands[position] = stats
     return Persistent(tuple(make.made), params, {k: tuple(v) for k, v in params_at.items()},
-                      frozenset(row[5] for row in trainable), io, param_operands, stat_operands)
+                      frozenset(row[5] for row in trainable), io, param_operands, stat_operands, conv_attrs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -334,8 +340,9 @@ def forward_ops(s: Setting, p: Persistent, values: Values, extras_of, graph: str
                 writes += [new_record(Operand, (role, tid, at, -1, False)) for role, tid, _ in made]
                 if any(saved for _, _, saved in made):
                     saved_extras[position] = tuple((role, tid) for role, tid, saved in made if saved)
+        op_attrs = attrs + p.conv_attrs[position] if layer.kind == "conv" else attrs
         ops.append(new_record(Op, (len(ops), layer.kind, "forward", index, s.names[index], tuple(reads),
-                                   tuple(writes), attrs)))
+                                   tuple(writes), op_attrs)))
     return Forward(tuple(ops), tuple(make.made), saved_extras)
 
 
@@ -402,8 +409,9 @@ def backward_ops(s: Setting, p: Persistent, values: Values, forward: Forward, ex
                 writes += [new_record(Operand, (PARAM_GRADIENT[spec.role], spec.grad, at, -1, False))
                            for spec in p.params_at[position] if spec.grad >= 0]
         _input_gradients(s, make, layer, needs, grads, graph, reads, writes)
+        op_attrs = p.conv_attrs[positions[0]] if layer.kind == "conv" else ()
         ops.append(new_record(Op, (first_index + len(ops), layer.kind, "backward", index, s.names[index], tuple(reads),
-                                   tuple(writes), ())))
+                                   tuple(writes), op_attrs)))
     return Backward(tuple(ops), tuple(make.made))
 
 

@@ -39,9 +39,9 @@ def test_a_second_process_compiles_no_kernel_of_a_training_step(tmp_path):
     assert second["loss"] == first["loss"]   # the same machine code at the same inputs
 
 
-# The direct convolution forward (cpu_ref/_conv_direct.py) is built per output-channel count at run time, its
-# accumulators emitted as LLVM vectors of that width: numba cannot cache closures over those intrinsics, so each
-# process compiles them (with the builtins they inline) once, about 1.5 s for resnet20's two widths here.
+# The direct convolutions (cpu_ref/_conv_direct.py: forward, input and weight gradient) are built per channel count
+# at run time, their accumulators emitted as LLVM vectors of that width: numba cannot cache closures over those
+# intrinsics, so each process compiles them (with the builtins they inline) once.
 PER_PROCESS_MODULE = "cpu_ref._conv_direct"
 PER_PROCESS_BUILTINS = ("numba.cpython.builtins:ol_max.<locals>.impl", "numba.cpython.builtins:ol_min.<locals>.impl")
 

@@ -153,3 +153,39 @@ def test_every_record_of_a_plan_has_all_its_fields(plan):
                 assert type(o) is Operand and len(o) == len(Operand._fields), (op.name, o)
                 assert type(o.role) is Role and type(o.accumulate) is bool, (op.name, o)
                 assert isinstance(o.tensor, int) and isinstance(o.position, int) and isinstance(o.value, int)
+
+
+def test_every_unfused_convolution_records_its_cpu_algorithms():
+    """Each conv op of every graph carries the ``conv`` attr: the rule applied to its own weight, stride, padding
+    and groups (written out here for resnet20's layers), the same in forward and backward; the per-layer
+    summary shows it."""
+    from blueprint._summary import cpu_conv_algorithms, format_summary
+    from planner.conv_algorithm import ConvAlgorithms, target_vector_registers
+    plan = compile_plan("resnet20", False, True, 1)
+    wide = target_vector_registers() == 32   # AVX-512: the direct kernels take 64 channels too
+    weight = {p.layer: p.shape for p in plan.params if p.role is Role.WEIGHT}
+    expected = {  # (weight shape, stride) -> algorithms
+        ((16, 3, 3, 3), 1): ("direct", "gemm", "gemm"),
+        ((16, 3, 3, 16), 1): ("direct", "direct", "direct"),
+        ((32, 3, 3, 16), 2): ("direct", "direct", "direct"),
+        ((32, 3, 3, 32), 1): ("direct", "direct", "direct"),
+        ((32, 1, 1, 16), 2): ("gemm", "gemm", "gemm"),
+        ((64, 3, 3, 32), 2): ("direct", "direct", "direct") if wide else ("gemm", "direct", "gemm"),
+        ((64, 3, 3, 64), 1): ("direct", "direct", "direct") if wide else ("gemm", "gemm", "gemm"),
+        ((64, 1, 1, 32), 2): ("gemm", "gemm", "gemm"),
+    }
+    seen = 0
+    for graph in plan.graphs.values():
+        for op in graph.ops:
+            if op.kind != "conv":
+                assert op.attr("conv") is None
+                continue
+            layer = plan.arch.layers[op.layer]
+            recorded = op.attr("conv")
+            assert isinstance(recorded, ConvAlgorithms)
+            assert tuple(recorded) == expected[weight[op.layer], layer.param("stride")], op.name
+            seen += 1
+    assert seen == 21 * 3    # resnet20's 21 convolutions: train forward, backward, eval forward
+    table = format_summary(plan, None)
+    assert len(cpu_conv_algorithms(plan)) == 21
+    assert "layer1.0.conv1" in table and "fwd direct, dx direct, dW direct" in table

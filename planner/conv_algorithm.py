@@ -1,0 +1,100 @@
+"""Which CPU algorithm computes each direction of a convolution: a rule of its shapes, applied when the
+plan is compiled (`planner.schedule` records it in the convolution's ops as the ``conv`` attr, which
+the CPU executor passes to `cpu_ref.kernels`), never a timing, so a plan runs the same arithmetic on
+every machine and every run.
+
+- ``depthwise`` (groups == Cin == Cout): a direct loop vectorised over channels.
+- ``pointwise`` (1x1, stride 1, pad 0, groups 1): the input is the GEMM's matrix; no workspace.
+- ``direct`` (`cpu_ref._conv_direct`): register-blocked NHWC loops for narrow 3x3 (and wider) layers,
+  with 8 to 32 channels in the vector lanes (output channels for the forward and the weight gradient,
+  input channels for the input gradient); no workspace.
+- ``gemm``: im2col + BLAS, the wide layers. Its backward computes the weight gradient in the same pass
+  as the input gradient, so a layer whose input gradient is ``gemm`` takes its weight gradient there too.
+
+The rule reads the target's vector register count (`target_vector_registers`), as the kernels size their
+register blocks by it: with AVX-512's 32 registers a block of two 64-channel pixels fits, and the direct
+kernels take 64-channel layers too. This module imports nothing at import time, so the planner can use
+it without numba.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+#: Floats of output block the direct kernels hold in registers: 4 zmm on AVX-512, 8 of AVX2's 16 ymm; at
+#: least ``MIN_BLOCK_PIXELS`` pixels, which with 32 vector registers allows 64 channels (8 zmm).
+BLOCK_FLOATS = 64
+#: The widest block (floats) a target with 32 vector registers holds.
+WIDE_BLOCK_FLOATS = 128
+#: Output pixels (input channels, for the weight gradient) a block must hold for a direct kernel to be
+#: chosen: with one, every weight vector is loaded for a single pixel, and 64-channel layers ran slower
+#: than im2col + GEMM.
+MIN_BLOCK_PIXELS = 2
+
+
+class ConvAlgorithms(NamedTuple):
+    """The algorithm of each direction: ``depthwise``, ``pointwise``, ``direct`` or ``gemm``."""
+    forward: str
+    input_grad: str
+    weight_grad: str
+
+    def __str__(self) -> str:
+        return f"fwd {self.forward}, dx {self.input_grad}, dW {self.weight_grad}"
+
+
+@functools.cache
+def target_vector_registers() -> int:
+    """Vector registers of the CPU numba compiles for: 32 where its features (``NUMBA_CPU_FEATURES``, else the
+    host's, as numba reads them) include AVX-512, else 16; 16 where llvmlite is not installed."""
+    features = os.environ.get("NUMBA_CPU_FEATURES")
+    if features is None:
+        try:
+            from llvmlite import binding
+        except ImportError:
+            return 16
+        features = binding.get_host_cpu_features().flatten()
+    return 32 if "+avx512f" in features.split(",") else 16
+
+
+def block_floats(channels: int, registers: int) -> int:
+    """Floats of a direct kernel's register block for ``channels`` lanes: ``BLOCK_FLOATS``, or with 32 registers
+    up to ``WIDE_BLOCK_FLOATS`` to hold ``MIN_BLOCK_PIXELS`` pixels."""
+    return min(max(BLOCK_FLOATS, channels * MIN_BLOCK_PIXELS), WIDE_BLOCK_FLOATS if registers >= 32 else BLOCK_FLOATS)
+
+
+def _narrow(channels: int, registers: int) -> bool:
+    """Channels that fill whole 8-float vectors and leave room for ``MIN_BLOCK_PIXELS`` of them per block."""
+    return channels % 8 == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(channels, registers)
+
+
+def conv_algorithms(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
+                    registers: int | None = None) -> ConvAlgorithms:
+    """`rule` for the target's `target_vector_registers` (read only for a layer with more than 32 channels)."""
+    if registers is None:
+        registers = 16 if max(w_shape[0], w_shape[3]) <= BLOCK_FLOATS // MIN_BLOCK_PIXELS else target_vector_registers()
+    return rule(tuple(w_shape), stride, pad, groups, registers)
+
+
+@functools.cache
+def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int, registers: int) -> ConvAlgorithms:
+    """The algorithms for a convolution of OHWI weight ``w_shape`` (``Cin`` per group last) on a target with
+    ``registers`` vector registers.
+
+    Direct forward: 8-32 output channels, 8-64 with 32 registers (resnet20's 16->16 and 32->32 stride-1
+    layers, at one thread, ran 1.1-1.4x faster than im2col + GEMM; the stem and strided layers too; with
+    AVX-512, 64->64 and 32->64 too). Direct input gradient: as many input channels (im2col + GEMM spends
+    most of it in col2im's scatter of a ``KH*KW`` times larger patch gradient). Direct weight gradient:
+    as many output channels, input channels in whole 8s (the stem's 3 fill no block and ran no faster),
+    and the input gradient direct too.
+    """
+    cout, kh, kw, cin = w_shape
+    if groups > 1 and groups == cout and cin == 1:
+        return ConvAlgorithms("depthwise", "depthwise", "depthwise")
+    if kh == kw == 1 and stride == 1 and pad == 0 and groups == 1:
+        return ConvAlgorithms("pointwise", "pointwise", "pointwise")
+    window = groups == 1 and kh * kw > 1
+    forward = "direct" if window and _narrow(cout, registers) else "gemm"
+    input_grad = "direct" if window and _narrow(cin, registers) else "gemm"
+    weight_grad = "direct" if window and input_grad == "direct" and _narrow(cout, registers) else "gemm"
+    return ConvAlgorithms(forward, input_grad, weight_grad)
