@@ -1,7 +1,7 @@
 """Which CPU algorithm computes each direction of a convolution: a rule of its shapes, applied when the
 plan is compiled (`planner.schedule` records it in the convolution's ops as the ``conv`` attr, which
 the CPU executor passes to `cpu_ref.kernels`), never a timing, so a plan runs the same arithmetic on
-every machine and every run.
+every run (and on every machine of the same vector width: the rule reads it, see below).
 
 - ``depthwise`` (groups == Cin == Cout): a direct loop vectorised over channels.
 - ``pointwise`` (1x1, stride 1, pad 0, groups 1): the input is the GEMM's matrix; no workspace.

@@ -163,3 +163,16 @@ def test_add2_of_one_value_twice_sums_both_gradients(root, copies):
     grads = ex.gradients()
     for name, value in expected.items():
         assert np.allclose(grads[name], value, rtol=1e-4, atol=1e-6), name
+
+
+def test_convolutions_run_the_algorithms_their_plan_recorded(monkeypatch):
+    """The executor hands each convolution the plan's ``conv`` record: with the kernels' own rule removed a
+    training step and a forward still run (an executor that stopped passing the record would call it)."""
+    from cpu_ref import _conv
+    bp = BluePrint(seq(conv(16, 3, 1, 1), bn(), relu(), conv(16, 3, 2, 1), bn(), relu(), gap(), fc(10)))
+    plan = _compile(bp, (8, 8, 3), 4)
+    monkeypatch.setattr(_conv, "conv_algorithms", None)
+    ex = CpuExecutor(plan, CrossEntropyLoss(), SGD().lr(0.1), seed=1)
+    x, y = _batches((8, 8, 3), 4, 10, 1)[0]
+    assert np.isfinite(ex.train_step(x, y, 0.1))
+    assert np.isfinite(ex.forward(x)).all()
