@@ -12,7 +12,9 @@ fusions of docs/internals/cuda-path.md ("Fusion in training") where its schedule
 - backward: values the plan did not save (BN outputs, activations inside a block) are
   recomputed from the saved pre-BN convolution outputs and batch statistics, with the same
   fused apply, only where a backward kernel reads them; then each primitive's backward runs
-  in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces.
+  in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces; a ReLU / ReLU6
+  applied straight to a BN output (no residual) has no launch of its own: the BN backward gates its
+  output gradient, recomputing the gate from the BN input (``_batchnorm_gates``).
 
 Each primitive's forward and backward launch is registered against its ``Prim`` in the CUDA kernel
 table (``cuda_kernels._table.CUDA``; activations from ``elementwise.pointwise``); the chain above only
@@ -85,6 +87,8 @@ class _OpView:
         self.ctx, self.op, self.layer = ctx, op, layer
         self.fused = bool(layer.sub)
         self.prims = list(zip(ctx.positions[op.layer], layer.sub or (layer,)))
+        self.gates = _batchnorm_gates(self)
+        self.gated = {position + 1 for position in self.gates}   # activations whose backward a BN runs
 
     def at(self, position):
         """The operand position of the primitive at ``position``: unfused ops have one, named -1."""
@@ -103,6 +107,19 @@ class _OpView:
         if tid is None:
             return None
         return self.ctx.half[tid] if half else self.ctx.views[tid]
+
+
+def _batchnorm_gates(ov):
+    """BN position -> the ReLU / ReLU6 right after it in a fused op, on its output alone (no residual between): the
+    BN backward gates that activation's output gradient itself (``batchnorm.GATE``), so the activation's backward
+    launch, its saved output and the BN output's gradient are not read or written. Unfused plans: none."""
+    gates = {}
+    if ov.fused:
+        for (position, prim), (_, nxt) in zip(ov.prims, ov.prims[1:]):
+            if (prim.kind in BATCHNORM and nxt.kind in FUSABLE_ACTIVATIONS and nxt.inputs[0] == prim.output
+                    and ov.ctx.consumers[prim.output] == 1):
+                gates[position] = nxt
+    return gates
 
 
 # ---- forward ---------------------------------------------------------------------------------------------
@@ -378,7 +395,9 @@ def _forward_values(ov):
 
 def _needed_values(ov):
     needed = set()
-    for _, prim in ov.prims:
+    for position, prim in ov.prims:
+        if position in ov.gated:   # its BN recomputes the gate from the BN input
+            continue
         saves = OPS[prim.kind].saves
         if "input" in saves:
             needed.add(prim.inputs[0])
@@ -418,7 +437,8 @@ def record_backward(launcher, ctx, op):
         values = _recompute(launcher, ov, values, recompute)
     grads = _Gradients(ov)
     for position, prim in reversed(ov.prims):
-        _backward_primitive(launcher, ov, grads, values, position, prim)
+        if position not in ov.gated:
+            _backward_primitive(launcher, ov, grads, values, position, prim)
 
 
 def _backward_primitive(launcher, ov, grads, values, position, prim):
@@ -474,12 +494,15 @@ def _fc_backward(launcher, ov, grads, values, position, prim, dy):
 @CUDA.implements(BATCHNORM, "backward")
 def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
     dx, accumulate = grads.target(prim.inputs[0], Role.DX)
-    at = ov.at(position)
+    at, gate = ov.at(position), ov.gates.get(position)
+    if gate is not None:   # the activation after it: its output's gradient, gated in the BN kernels
+        dy = grads.of_output(gate.output)
     saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
     batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
                                   as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
                                   _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives,
-                                  scratch=ov.ctx.reduction)
+                                  scratch=ov.ctx.reduction, beta=ov.param(position, Role.BIAS),
+                                  activation=None if gate is None else gate.kind)
 
 
 def _input_only(backward):

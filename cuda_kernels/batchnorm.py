@@ -7,7 +7,8 @@ epilogue (docs/internals/cuda-path.md, "Fusion in training"):
 2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
    updates the running statistics (biased variance normalises, unbiased one is tracked);
 3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
-Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``.
+Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``; where a ReLU / ReLU6
+followed the apply (no residual), both take that activation's output gradient and gate it themselves (``GATE``).
 Synchronised BN (data parallel, ``cuda_kernels.collective``): the sums of step 1 are summed over
 the replicas before the finalize, which divides by the global count; in the backward, ``dbeta`` and
 ``dgamma`` are summed over the replicas before ``dx`` reads them (``dx`` divides by the global rows),
@@ -285,11 +286,29 @@ def _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spre
         store8(y, i, v)
 
 
-_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, I1, I32, I32)
+# The backward of an activation fused into the apply (no residual: ``GATE`` = ``CLAMP``'s codes): the reduce and dx
+# take the activation's output gradient and gate it themselves, recomputing the apply's fp16 output from x, the
+# saved statistics, gamma and beta as the apply does, so the activation output and the gated gradient are never
+# read or written. ReLU passes where that output is > 0, ReLU6 where it is in (0, 6) (planner/scalar_activations.py).
+GATE = {None: 0, Prim.RELU: 1, Prim.RELU6: 2}
+SIX = nbt.float32(6.0)
+
+
+@cuda.jit(device=True)
+def _gated(g, pre, gate):
+    """``g`` where the activation of code ``gate`` passes the gradient at the pre-activation ``pre``, else 0."""
+    if gate == 0:
+        return g
+    y = f32(f16(pre))   # the apply's stored output: rounded to fp16 before the activation's own gate
+    return g if y > ZERO and (gate == 1 or y < SIX) else ZERO
+
+
+_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, F1, F1, I1, I32, I32, I32)
 
 
 @kernel("batchnorm_backward_reduce", _BACKWARD_REDUCE)
-def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
+def _batchnorm_backward_reduce(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
+                               rows_per_block, gate):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -300,19 +319,23 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals
         m, s = mean[c], invstd[c]
         stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
         for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
-            g = f32(dy[r * channels + c])
+            xhat = (f32(x[r * channels + c]) - m) * s
+            g = _gated(f32(dy[r * channels + c]), xhat * gamma[c] + beta[c], gate)
             a += g
-            b += g * (f32(x[r * channels + c]) - m) * s
+            b += g * xhat
     _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, dbeta, dgamma, c, tx, ty)
 
 
 @kernel("batchnorm_backward_reduce_vec8", _BACKWARD_REDUCE)
-def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, acc, arrivals, channels, rows_per_block):
+def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
+                                    rows_per_block, gate):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
     m = cuda.local.array(VEC8, nbt.float32)
     s = cuda.local.array(VEC8, nbt.float32)
+    scale = cuda.local.array(VEC8, nbt.float32)
+    shift = cuda.local.array(VEC8, nbt.float32)
     g = cuda.local.array(VEC8, nbt.float32)
     v = cuda.local.array(VEC8, nbt.float32)
     c, lane, lanes, columns, active = _vector_columns(channels)
@@ -321,34 +344,43 @@ def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, dgamma, dbeta, acc, arr
     if active:
         for k in range(VEC8):
             m[k], s[k] = mean[c + k], invstd[c + k]
+            scale[k], shift[k] = s[k] * gamma[c + k], beta[c + k]
         start = i32(cuda.blockIdx.y) * rows_per_block
         for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
             i = r * channels + c
             load8(g, dy, i)
             load8(v, x, i)
             for k in range(VEC8):
-                a[k] += g[k]
-                b[k] += g[k] * (v[k] - m[k]) * s[k]
+                gk = _gated(g[k], (v[k] - m[k]) * scale[k] + shift[k], gate)
+                a[k] += gk
+                b[k] += gk * (v[k] - m[k]) * s[k]
     _reduce_lanes_and_add8(shared, a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
 
 
-@kernel("batchnorm_backward_dx", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
-def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate, replicas):
+_BACKWARD_DX = (H1, H1, F1, F1, F1, F1, F1, F1, H1, I32, I32, I32, I32)
+
+
+@kernel("batchnorm_backward_dx", _BACKWARD_DX)
+def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, dx, channels, accumulate, replicas,
+                           gate):
     inv_rows = ONE / f32((x.size // channels) * replicas)   # sync BN: dgamma, dbeta are sums over the replicas
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         c = i % channels
         xhat = (f32(x[i]) - mean[c]) * invstd[c]
-        v = gamma[c] * invstd[c] * (f32(dy[i]) - (dbeta[c] + xhat * dgamma[c]) * inv_rows)
+        g = _gated(f32(dy[i]), xhat * gamma[c] + beta[c], gate)
+        v = gamma[c] * invstd[c] * (g - (dbeta[c] + xhat * dgamma[c]) * inv_rows)
         if accumulate:
             v += f32(dx[i])
         dx[i] = f16(v)
 
 
-@kernel("batchnorm_backward_dx_vec8", (H1, H1, F1, F1, F1, F1, F1, H1, I32, I32, I32))
-def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, channels, accumulate, replicas):
+@kernel("batchnorm_backward_dx_vec8", _BACKWARD_DX)
+def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, dx, channels, accumulate,
+                                replicas, gate):
     m = cuda.local.array(VEC8, nbt.float32)
     s = cuda.local.array(VEC8, nbt.float32)
     gs = cuda.local.array(VEC8, nbt.float32)
+    sh = cuda.local.array(VEC8, nbt.float32)
     kb = cuda.local.array(VEC8, nbt.float32)
     kg = cuda.local.array(VEC8, nbt.float32)
     xv = cuda.local.array(VEC8, nbt.float32)
@@ -362,6 +394,7 @@ def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, c
     for k in range(VEC8):
         m[k], s[k] = mean[c + k], invstd[c + k]
         gs[k], kb[k], kg[k] = gamma[c + k] * s[k], dbeta[c + k] * inv_rows, dgamma[c + k] * inv_rows
+        sh[k] = beta[c + k]
     for r in range(first, rows, lanes):
         i = r * channels + c
         load8(xv, x, i)
@@ -372,7 +405,8 @@ def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, dgamma, dbeta, dx, c
             for k in range(VEC8):
                 out[k] = ZERO
         for k in range(VEC8):
-            out[k] += gs[k] * (gv[k] - (kb[k] + (xv[k] - m[k]) * s[k] * kg[k]))
+            g = _gated(gv[k], (xv[k] - m[k]) * gs[k] + sh[k], gate)
+            out[k] += gs[k] * (g - (kb[k] + (xv[k] - m[k]) * s[k] * kg[k]))
         store8(dx, i, out)
 
 
@@ -457,21 +491,27 @@ def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, ep
 
 
 def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
-                       collectives=SINGLE_REPLICA, scratch=None):
+                       collectives=SINGLE_REPLICA, scratch=None, beta=None, activation=None):
     """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. With ``sync_batchnorm``
-    ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise."""
+    ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise.
+    ``activation`` (a key of ``GATE``; needs ``beta``): ``dy2d`` is the gradient of that activation's output, applied
+    to this BN's output without a residual, and is gated here (the activation's backward is not launched)."""
+    if activation not in GATE or (activation is not None and beta is None):
+        raise ValueError(f"batchnorm_backward: the gated activation must be one of {sorted(GATE, key=str)} "
+                         f"(with beta), got {activation!r} (beta {'missing' if beta is None else 'given'})")
     channels = tuple(x2d.shape)[-1]
+    beta, gate = gamma if beta is None else beta, np.int32(GATE[activation])   # ungated: beta is never used
     vector = vectorisable(channels, VEC8, x2d, dy2d)
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
     acc, arrivals = (scratch or DEFAULT_SCRATCH).views(dgamma, channels, grid[0])
     launcher.launch(_batchnorm_backward_reduce_vec8 if vector else _batchnorm_backward_reduce, grid, block,
-                    flat(x2d), flat(dy2d), save_mean, save_invstd, dgamma, dbeta, acc, arrivals, np.int32(channels),
-                    rows_per_block)
+                    flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, beta, dgamma, dbeta, acc, arrivals,
+                    np.int32(channels), rows_per_block, gate)
     if dx2d is None:
         return
     replicas = collectives.batchnorm_sums(launcher, "bn_gradient_sums", dgamma, dbeta)
     _launch_per_channel(launcher, _batchnorm_backward_dx, _batchnorm_backward_dx_vec8, x2d, (x2d, dy2d, dx2d),
-                        flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, dgamma, dbeta, flat(dx2d),
-                        np.int32(channels), np.int32(accumulate), np.int32(replicas))
+                        flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, beta, dgamma, dbeta, flat(dx2d),
+                        np.int32(channels), np.int32(accumulate), np.int32(replicas), gate)
     if replicas > 1:
         launcher.launch(_batchnorm_replica_share, *grid_1d(channels), dgamma, dbeta, np.float32(1.0 / replicas))

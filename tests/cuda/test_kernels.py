@@ -221,6 +221,29 @@ def case_batchnorm_backward(rng, accumulate, m=40, c=3):
     check("dbeta", dbeta, dbeta_ref, "fp32")
 
 
+def case_batchnorm_backward_gated(rng, activation, accumulate, m=40, c=3):
+    """The BN backward with the ReLU / ReLU6 after its apply folded in: ``dy`` is the activation's output gradient;
+    the spec is the activation's backward on the apply's fp16 output, then the plain BN backward."""
+    x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
+    gamma, beta = (rng.standard_normal(c) * 4).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    mean = x.astype(np.float32).mean(0)
+    invstd = (1 / np.sqrt(x.astype(np.float32).var(0) + 1e-5)).astype(np.float32)
+    dx, dgamma, dbeta = dev(dx0), garbage(c, np.float32), garbage(c, np.float32)
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), dev(mean), dev(invstd), dev(dy), dx,
+                                                dgamma, dbeta, accumulate, beta=dev(beta), activation=activation))
+    y = OPS[activation].reference_forward(f64(half_of((f64(x) - mean) * invstd * gamma + beta)))   # the apply's
+    gated = OPS[activation].reference_backward(y, f64(dy))
+    assert 0 < np.count_nonzero(gated == 0) < gated.size - np.count_nonzero(dy == 0)   # both sides of the gate
+    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), f64(mean), f64(invstd), gated)
+    check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
+    check("dgamma", dgamma, dgamma_ref, "fp32")
+    check("dbeta", dbeta, dbeta_ref, "fp32")
+
+
+def half_of(a):
+    return a.astype(np.float16)
+
+
 def case_batchnorm_scratch_reuse(rng, c):
     """Two statistics launches and a backward reduction on one ``ReductionScratch``, with no zero-fill between:
     each launch's last blocks leave the accumulator and arrival counters at zero for the next."""
@@ -534,6 +557,9 @@ CASES = [
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
     pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
+    pytest.param(case_batchnorm_backward_gated, dict(activation="relu", accumulate=False), id="bn-backward-relu"),
+    pytest.param(case_batchnorm_backward_gated, dict(activation="relu6", accumulate=True, m=33, c=5),
+                 id="bn-backward-relu6-accumulate"),
     # 8-channel vectors (the _vec8 kernels): odd row counts, a grid whose threads do not divide the rows,
     # 24 channels (3 vectors: row lanes that do not fill a reduction block) and 72 (9 vectors: idle threads in
     # the per-channel grid, a partial column block in the reductions)
@@ -547,6 +573,10 @@ CASES = [
     pytest.param(case_batchnorm_scratch_reuse, dict(c=16), id="bn-scratch-reuse-vec8"),
     pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=24), id="bn-backward-vec8"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True, m=11, c=72), id="bn-backward-accumulate-vec8-72"),
+    pytest.param(case_batchnorm_backward_gated, dict(activation="relu", accumulate=True, m=37, c=24),
+                 id="bn-backward-relu-accumulate-vec8"),
+    pytest.param(case_batchnorm_backward_gated, dict(activation="relu6", accumulate=False, m=11, c=72),
+                 id="bn-backward-relu6-vec8-72"),
     pytest.param(case_maxpool, dict(k=3, s=2, p=1), id="maxpool-3-2-1"),
     pytest.param(case_maxpool, dict(k=2, s=2, p=0), id="maxpool-2-2-0"),
     pytest.param(case_avgpool, {}, id="avgpool"),

@@ -19,7 +19,7 @@ from cuda_kernels.traffic import launch_bytes  # noqa: E402
 from planner.ops import Prim  # noqa: E402
 
 # model: (most launches, most zero-fill launches), measured by `python -m benchmarks.gpu.check --dry-run`
-BOUNDS = {"resnet50": (507, 9), "resnet18-cifar": (197, 4)}
+BOUNDS = {"resnet50": (471, 9), "resnet18-cifar": (186, 4)}
 
 
 @pytest.fixture(scope="module", params=sorted(BOUNDS))
