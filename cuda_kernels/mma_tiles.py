@@ -216,9 +216,9 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
         iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
                       issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
 
-    The loop body runs ``STAGES`` k-tiles (stage ``kt % STAGES`` is then a constant: immediate offsets in
-    the ldmatrix / cp.async addresses, no stage counters), leaving between them when the tiles run out;
-    its loop branch, counter and compare are paid once per ``STAGES`` k-tiles. It issues unconditionally:
+    The loop body runs ``STAGES`` k-tiles (each stage a constant: immediate offsets in the ldmatrix / cp.async
+    addresses, no stage counters); its loop branch, counter and compare are paid once per ``STAGES`` k-tiles. The
+    first ``tiles % STAGES`` k-tiles run before it, the ring started that many stages early so the loop starts at 0. It issues unconditionally:
     a k-tile past the end must be all zero-fill (every ``issue_next`` makes its copies invalid there), lands
     in a stage no mma reads, and costs no branch in the loop.
 
@@ -243,7 +243,7 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
         """One k-tile on stage ``read`` (a constant), issuing the tile ``STAGES - 1`` ahead into the stage before it."""
         wait_stage()
         block_barrier()
-        state = issue_next(smem, window, i32((read + STAGES - 1) % STAGES), operands, state)
+        state = issue_next(smem, window, i32(i32(read + STAGES - 1) % STAGES), operands, state)
         cp_async_commit()
         warp_step(smem, window, i32(read * A_STAGE), i32(B_BASE + read * B_STAGE), a_off, b_off, acc)
         return state
@@ -259,20 +259,24 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
                 for r in range(4):
                     acc[mi, ni, r] = ZERO
         tiles = i32(tiles)
+        # the first ``tiles % STAGES`` k-tiles run before the loop, from stage ``first``: the loop then starts at
+        # stage 0 and runs whole rounds of STAGES k-tiles (counter, compare and branch once per round)
+        rest = i32(tiles - i32(i32(tiles // STAGES) * STAGES))
+        first = i32(STAGES - rest) if rest > 0 else i32(0)
         for stage in range(STAGES - 1):
             if stage < tiles:
-                state = issue_next(smem, window, i32(stage), operands, state)
+                state = issue_next(smem, window, i32(first + stage) % STAGES, operands, state)
             cp_async_commit()
-        left = tiles   # k-tiles still to run: compared with constants, no counter to add up
-        while left > 0:
+        if rest > 0:   # written out: no loop (the SASS report's main loop is the one around the rounds)
+            state = k_tile(smem, window, first, operands, state, a_off, b_off, acc)
+        if rest > 1:
+            state = k_tile(smem, window, i32(first + 1), operands, state, a_off, b_off, acc)
+        rounds = i32(tiles // STAGES)
+        while rounds > 0:
             state = k_tile(smem, window, 0, operands, state, a_off, b_off, acc)
-            if left == 1:
-                break
             state = k_tile(smem, window, 1, operands, state, a_off, b_off, acc)
-            if left == 2:
-                break
             state = k_tile(smem, window, 2, operands, state, a_off, b_off, acc)
-            left = i32(left - STAGES)
+            rounds = i32(rounds - 1)
         wait_all()
     return main_loop
 
