@@ -25,8 +25,8 @@ global memory as ``(array, element_index)``.
 ``cp_async_16(smem, byte_offset, src, index, valid)``, ``cp_async_commit()``, ``cp_async_wait(n)``
     ``cp.async.cg.shared.global [dst], [src + 2 index], 16, valid ? 16 : 0``: an asynchronous 16-byte
     copy (zero-filled when ``valid`` is 0, the padding of a convolution; ``src`` must still be a
-    valid pointer); ``cp.async.commit_group`` closes a group; ``cp_async_wait(n)`` returns the
-    device function ``cp.async.wait_group n`` (the copies of all but the newest ``n`` committed
+    valid pointer; ``cp_async_16_at`` drops that, see it); ``cp.async.commit_group`` closes a group;
+    ``cp_async_wait(n)`` returns the device function ``cp.async.wait_group n`` (the copies of all but the newest ``n`` committed
     groups are visible to this thread; a ``syncthreads`` makes them visible to the block).
 
 ``shared_address(smem, byte_offset) -> uint32``: the 32-bit shared-window address (``cvta.to.shared``).
@@ -34,6 +34,10 @@ global memory as ``(array, element_index)``.
 ``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
 ``st_shared_v4(smem, byte_offset, r0, r1, r2, r3)`` (``st.shared.v4.b32``: 16 bytes, 16-byte
 aligned): a synchronous 16-byte chunk for operands whose rows are not 16-byte aligned.
+
+``st_shared_b32(smem, byte_offset, r)`` (``st.shared.b32``, 4-byte aligned) and ``ld_shared_v4(smem, byte_offset) -> (r0..r3)``
+(``ld.shared.v4.b32``, 16-byte aligned): the epilogues stage an fp16 tile through shared memory as fp16 pairs and
+read it back in 16-byte chunks for ``st_global_v4``.
 
 ``ld_global_v4(array, index) -> (r0, r1, r2, r3)``, ``ld_global_nc_v4``, ``st_global_v4(array, index, r0..r3)``
     ``ld.global[.nc].v4.b32`` / ``st.global.v4.b32`` of the 16 bytes from element ``index`` of a 1-D
@@ -160,6 +164,28 @@ def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
     return sig, codegen
 
 
+@intrinsic
+def _st_shared_b32(typingctx, smem, byte_offset, r):
+    sig = nbt.void(smem, nbt.int32, nbt.uint32)
+
+    def codegen(context, builder, sig, args):
+        address = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
+        _asm(builder, [], [address, args[2]], "st.shared.b32 [$0], $1;", "r,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _ld_shared_v4(typingctx, smem, byte_offset):
+    sig = nbt.UniTuple(nbt.uint32, 4)(smem, nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        address = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
+        r = _asm(builder, [_I32] * 4, [address], "ld.shared.v4.b32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}")
+        return context.make_tuple(builder, sig.return_type, r)
+    return sig, codegen
+
+
 LD_GLOBAL_V4_PTX = "ld.global.v4.b32"
 LD_GLOBAL_NC_V4_PTX = "ld.global.nc.v4.b32"
 ST_GLOBAL_V4_PTX = "st.global.v4.b32"
@@ -234,13 +260,15 @@ def _make_ldmatrix_at(ptx):
 
 @intrinsic
 def _cp_async_16_at(typingctx, smem, window, byte_offset, src, index, valid):
-    """``cp_async_16`` at ``window + byte_offset``; ``index`` read as unsigned (0 where not ``valid``)."""
+    """``cp_async_16`` at ``window + byte_offset``. Where ``valid`` is 0 the copy reads
+    no byte (src-size 0): its address is not clamped to a valid one (one instruction per copy less in the main
+    loops). CUTLASS's implicit-GEMM iterators rely on the same (``cp_async_zfill`` of the padding's out-of-tensor
+    addresses, e.g. ``conv2d_fprop_activation_tile_access_iterator_analytic.h``); not yet run here on a GPU."""
     sig = nbt.void(smem, nbt.uint32, nbt.int32, src, nbt.int32, nbt.boolean)
 
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[3])(context, builder, args[3]).data
-        index = builder.select(args[5], args[4], ir.Constant(_I32, 0))
-        gptr = builder.ptrtoint(builder.gep(data, [builder.zext(index, _I64)]), _I64)
+        gptr = builder.ptrtoint(builder.gep(data, [builder.sext(args[4], _I64)]), _I64)
         src_bytes = builder.select(args[5], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
         _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
              "r,l,r,~{memory}")
@@ -267,10 +295,11 @@ def _cp_async_16_at_twin(smem, window, byte_offset, src, index, valid):
 if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
                              ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
-                             pack_half2_device as pack_half2, st_global_v4, st_shared_v4,
-                             unpack_half2_device as unpack_half2)
+                             ld_shared_v4, pack_half2_device as pack_half2, st_global_v4, st_shared_b32,
+                             st_shared_v4, unpack_half2_device as unpack_half2)
 else:
     pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
+    st_shared_b32, ld_shared_v4 = _st_shared_b32, _ld_shared_v4
     ld_global_v4, ld_global_nc_v4 = _make_ld_global_v4(LD_GLOBAL_V4_PTX), _make_ld_global_v4(LD_GLOBAL_NC_V4_PTX)
     st_global_v4, unpack_half2 = _st_global_v4, _unpack_half2
     mma_m16n8k16 = _mma_m16n8k16

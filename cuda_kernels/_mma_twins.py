@@ -220,6 +220,23 @@ def st_shared_v4(smem, byte_offset, r0, r1, r2, r3):
     smem.view(np.uint32)[byte_offset // 4:byte_offset // 4 + 4] = (r0, r1, r2, r3)
 
 
+@cuda.jit(device=True)
+def st_shared_b32(smem, byte_offset, r):
+    """Twin of ``st.shared.b32`` (4-byte aligned)."""
+    if byte_offset % 4:
+        raise ValueError(f"st.shared.b32: byte offset {byte_offset} is not 4-byte aligned")
+    smem.view(np.uint32)[byte_offset // 4] = r
+
+
+@cuda.jit(device=True)
+def ld_shared_v4(smem, byte_offset):
+    """Twin of ``ld.shared.v4.b32`` (16-byte aligned)."""
+    if byte_offset % 16:
+        raise ValueError(f"ld.shared.v4: byte offset {byte_offset} is not 16-byte aligned")
+    r = smem.view(np.uint32)[byte_offset // 4:byte_offset // 4 + 4]
+    return r[0], r[1], r[2], r[3]
+
+
 def cp_async_wait(pending):
     """Twin of ``cp.async.wait_group pending``: all but the newest ``pending`` groups land."""
     @cuda.jit(device=True)

@@ -21,13 +21,21 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, pack_half2, shared_window, st_shared_v4
-from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
-                         pipeline_bytes, shared_array_words, stage_layout)
+from ._mma import cp_async_16_at, pack_half2, st_shared_v4
+from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, make_staged_store,
+                         mma_kernel, staged_barrier, pipeline_bytes, shared_array_words, stage_layout)
 from .registry import F1, H1, ZERO, flat, nbt
 
 f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid
+MAX_TAPS = 15       # filter rows / columns the tensor-core forward takes: a row's valid taps are bits of one uint32
+
+
+@cuda.jit(device=True)
+def bits_between(lo, hi, taps):
+    """The bits ``t`` with ``lo <= t < hi`` and ``0 <= t < taps`` (``taps <= MAX_TAPS``): a row's valid taps of one axis."""
+    lo, hi = max(i32(0), lo), min(taps, hi)
+    return u32(u32(u32(u32(1) << u32(hi)) - u32(1)) ^ u32(u32(u32(1) << u32(lo)) - u32(1))) if hi > lo else u32(0)
 
 
 @cuda.jit(device=True)
@@ -38,15 +46,45 @@ def tap_of(k, c_in, kw_):
 
 
 @cuda.jit(device=True)
-def step_tap(ci, kx, ky, step, c_in, kw_):
+def step_tap(ci, kx, ky, off, step, deltas, c_in, kw_):
     """``(ci, kx, ky)`` moved on by the reduction step whose own ``tap_of`` is ``step``: adds and two
-    wrap-arounds, no division and no loop (``kx + step kx + 1 < 2 kw_``, so one wrap of ``kx`` suffices)."""
-    ci, kx, ky = i32(ci + step[0]), i32(kx + step[1]), i32(ky + step[2])
+    wrap-arounds, no division and no loop (``kx + step kx + 1 < 2 kw_``, so one wrap of ``kx`` suffices);
+    ``off``, an offset linear in the tap, moves with it: ``deltas[0]`` per step, ``deltas[1]`` more where ``ci``
+    wraps, ``deltas[2]`` where ``kx`` wraps (the forward's ``(ky W + kx) c_in + ci``: 0 and ``(W - kw_) c_in``)."""
+    ci, kx, ky, off = i32(ci + step[0]), i32(kx + step[1]), i32(ky + step[2]), i32(off + deltas[0])
     if ci >= c_in:
-        ci, kx = i32(ci - c_in), i32(kx + 1)
+        ci, kx, off = i32(ci - c_in), i32(kx + 1), i32(off + deltas[1])
     if kx >= kw_:
-        kx, ky = i32(kx - kw_), i32(ky + 1)
-    return ci, kx, ky
+        kx, ky, off = i32(kx - kw_), i32(ky + 1), i32(off + deltas[2])
+    return ci, kx, ky, off
+
+
+@cuda.jit(device=True)
+def step_tap_bits(ci, bx, by, offs, step, deltas, c_in, kw_):
+    """``step_tap`` on a tap held as bits: ``bx = 1 << kx``, ``by = 1 << (16 + ky)`` (shifts instead of adds; the
+    main loop then tests a tap against a row's valid taps with one ``and``), moving two offsets linear in the tap,
+    ``offs``, by ``deltas`` (one triple each). ``bx`` reaches at most bit ``2 kw_ - 1`` before its wrap; ``by`` runs
+    off its word only past the end of the reduction, where the caller's ``k`` check replaces the tap."""
+    wrap = ci >= i32(c_in - step[0])
+    ci = i32(i32(ci + step[0]) - c_in) if wrap else i32(ci + step[0])
+    bx = u32(bx << u32(step[1] + (1 if wrap else 0)))
+    o0 = i32(offs[0] + (deltas[0][0] + deltas[0][1] if wrap else deltas[0][0]))
+    o1 = i32(offs[1] + (deltas[1][0] + deltas[1][1] if wrap else deltas[1][0]))
+    wrap = bx >= u32(u32(1) << u32(kw_))
+    bx = u32(bx >> u32(kw_)) if wrap else bx
+    by = u32(by << u32(step[2] + (1 if wrap else 0)))
+    return ci, bx, by, ((i32(o0 + deltas[0][2]), i32(o1 + deltas[1][2])) if wrap else (o0, o1))
+
+
+@cuda.jit(device=True)
+def tap_as_is(kx, ky):
+    return kx, ky
+
+
+@cuda.jit(device=True)
+def tap_as_bits(kx, ky):
+    """``(1 << kx, 1 << (16 + ky))``: the tap as ``step_tap_bits`` holds it."""
+    return u32(u32(1) << u32(kx)), u32(u32(1 << 16) << u32(ky))
 
 
 EPILOGUES = ("plain", "bn_stats", "bias")
@@ -92,45 +130,60 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                          f"memory, the pipeline has {SMEM_WORDS}")
 
     @cuda.jit(device=True)
-    def issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_src, b_ok, geo):
-        gemm_k, h_, w_, c_in = geo[2], geo[4], geo[5], geo[6]
-        tid = i32(cuda.threadIdx.x)
-        chunk, row0 = tid & 3, tid >> 2
+    def issue(smem, window, x, w, stage, k, ci, tap_x, tap_y, off, a_base, a_h, a_w, a_miss, b_src, dst, geo):
+        """Stage the k-tile of this thread's chunk column at ``k`` (tap ``(ci, tap_x, tap_y)``: ``kx, ky`` with
+        ``any_channels``, else the bits ``1 << kx`` and ``1 << (16 + ky)`` of ``tap_bits``; ``off``: the tap's
+        offset in x) into ``stage``."""
+        row0 = i32(cuda.threadIdx.x) >> 2
         v = cuda.local.array(CHUNK, nbt.float16)
+        # this thread's chunk in row i of the stage: rows ROWS_PER_PASS apart share their swizzle (a multiple of 8)
+        a_dst, b_dst = i32(dst + stage * A_STAGE), i32(dst + B_BASE + stage * B_STAGE)
+        gemm_k = geo[2]
         k_ok = k < gemm_k
-        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
-        window = shared_window(smem)
-        tap_offset = i32(i32(i32(ky * w_) + kx) * c_in) + ci
+        # past the end of the reduction bit 15, which no row's taps hold (kh, kw <= MAX_TAPS): the copies zero-fill
+        q = u32(tap_x | tap_y) if k_ok else u32(1 << MAX_TAPS)
         for i in range(A_LOADS):
-            r = row0 + i * ROWS_PER_PASS
-            if A_LOADS * ROWS_PER_PASS == BM or r < BM:   # the check only where a pass overhangs the tile
+            if A_LOADS * ROWS_PER_PASS == BM or row0 + i * ROWS_PER_PASS < BM:   # where a pass overhangs the tile
                 if any_channels:
-                    patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, kx, ky, geo)
-                    store_chunk(smem, a_stage + kc_offset(r, chunk), v)
-                else:   # unsigned compares: a negative row or column is out of range too
-                    valid = k_ok and u32(i32(a_h[i] + ky)) < u32(h_) and u32(i32(a_w[i] + kx)) < u32(w_)
-                    cp_async_16_at(smem, window, i32(a_stage + kc_offset(r, chunk)), x, i32(a_base[i] + tap_offset),
-                                   valid)
+                    patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, tap_x, tap_y, geo)
+                    store_chunk(smem, i32(a_dst + i * ROWS_PER_PASS * BK * 2), v)
+                else:   # the tap lands inside the image where both its bits are among the row's
+                    cp_async_16_at(smem, window, i32(a_dst + i * ROWS_PER_PASS * BK * 2), x, i32(a_base[i] + off),
+                                   u32(q & a_miss[i]) == u32(0))
+        # B rows past N read row N - 1 (their columns are never stored): one check for every row
         for i in range(B_LOADS):
-            r = row0 + i * ROWS_PER_PASS
-            if B_LOADS * ROWS_PER_PASS == BN or r < BN:
+            if B_LOADS * ROWS_PER_PASS == BN or row0 + i * ROWS_PER_PASS < BN:
                 if any_channels:
                     for j in range(CHUNK):
-                        v[j] = w[b_src[i] + k + j] if b_ok[i] and k + j < gemm_k else f16(ZERO)
-                    store_chunk(smem, b_stage + kc_offset(r, chunk), v)
+                        v[j] = w[b_src[i] + k + j] if k + j < gemm_k else f16(ZERO)
+                    store_chunk(smem, i32(b_dst + i * ROWS_PER_PASS * BK * 2), v)
                 else:
-                    valid = b_ok[i] and k_ok
-                    cp_async_16_at(smem, window, i32(b_stage + kc_offset(r, chunk)), w, i32(b_src[i] + k), valid)
+                    cp_async_16_at(smem, window, i32(b_dst + i * ROWS_PER_PASS * BK * 2), w, i32(b_src[i] + k),
+                                   k_ok)
 
     @cuda.jit(device=True)
-    def issue_next(smem, stage, operands, state):
-        x, w, a_base, a_h, a_w, b_src, b_ok, geo, step = operands
-        k, ci, kx, ky = state
-        issue(smem, x, w, stage, k, ci, kx, ky, a_base, a_h, a_w, b_src, b_ok, geo)
-        ci, kx, ky = step_tap(ci, kx, ky, step, geo[6], geo[11])
-        return i32(k + BK), ci, kx, ky
+    def issue_next(smem, window, stage, operands, state):
+        x, w, a_base, a_h, a_w, a_miss, b_src, dst, geo, step, deltas = operands
+        k, ci, tap_x, tap_y, off = state
+        issue(smem, window, x, w, stage, k, ci, tap_x, tap_y, off, a_base, a_h, a_w, a_miss, b_src, dst, geo)
+        if any_channels:
+            ci, tap_x, tap_y, off = step_tap(ci, tap_x, tap_y, off, step, deltas, geo[6], geo[11])
+        else:
+            ci, tap_x, tap_y, offs = step_tap_bits(ci, tap_x, tap_y, (off, i32(0)), step,
+                                                   (deltas, (i32(0), i32(0), i32(0))), geo[6], geo[11])
+            off = offs[0]
+        return i32(k + BK), ci, tap_x, tap_y, off
 
     main_loop = make_pipeline(tile, a_trans=False, b_trans=False, issue_next=issue_next)
+    tap_start = tap_as_is if any_channels else tap_as_bits
+    stage_pair, store_staged = make_staged_store(tile, a_trans=False, b_trans=False)
+
+    @cuda.jit(device=True)
+    def column_bias(bias_, n):
+        """The linear layer's fp32 bias of output column ``n`` (0 past the last column, and without a bias)."""
+        if bias:
+            return bias_[n] if n < bias_.size else f32(ZERO)
+        return f32(ZERO)
 
     @cuda.jit(device=True)
     def forward(x, w, y, sums, sumsq, geo):
@@ -139,10 +192,10 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         a_base = cuda.local.array(A_LOADS, nbt.int32)
         a_h = cuda.local.array(A_LOADS, nbt.int32)
         a_w = cuda.local.array(A_LOADS, nbt.int32)
+        a_miss = cuda.local.array(A_LOADS, nbt.uint32)
         b_src = cuda.local.array(B_LOADS, nbt.int32)
-        b_ok = cuda.local.array(B_LOADS, nbt.boolean)
         gemm_m, gemm_n, gemm_k, h_, w_, c_in = geo[0], geo[1], geo[2], geo[4], geo[5], geo[6]
-        oh_, ow_, c_out, kw_, s, p = geo[7], geo[8], geo[9], geo[11], geo[12], geo[13]
+        oh_, ow_, c_out, kh_, kw_, s, p = geo[7], geo[8], geo[9], geo[10], geo[11], geo[12], geo[13]
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
@@ -154,35 +207,46 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                 oh, b = t % oh_, t // oh_
                 a_h[i], a_w[i] = oh * s - p, ow * s - p
                 a_base[i] = ((b * h_ + a_h[i]) * w_ + a_w[i]) * c_in
+                # the taps that land inside the image: 0 <= a_h + ky < h, 0 <= a_w + kx < w
+                a_miss[i] = ~u32(bits_between(i32(-a_w[i]), i32(w_ - a_w[i]), kw_)
+                                 | u32(bits_between(i32(-a_h[i]), i32(h_ - a_h[i]), kh_) << u32(16)))
             else:
-                a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
-        for i in range(B_LOADS):   # this thread's filter rows
-            b_row = i32(n0 + (tid >> 2) + i * ROWS_PER_PASS)
-            b_ok[i] = b_row < gemm_n
-            b_src[i] = i32(b_row * gemm_k)
+                a_h[i], a_w[i], a_base[i], a_miss[i] = i32(_FAR), i32(_FAR), i32(0), ~u32(0)
+        for i in range(B_LOADS):   # this thread's filter rows (past N: row N - 1, never stored)
+            b_src[i] = i32(min(i32(n0 + (tid >> 2) + i * ROWS_PER_PASS), i32(gemm_n - 1)) * gemm_k)
         k = i32((tid & 3) * CHUNK)
         ci, kx, ky = tap_of(k, c_in, kw_)
+        step = tap_of(i32(BK), c_in, kw_)
+        deltas = (i32(i32(i32(step[2] * w_) + step[1]) * c_in) + step[0], i32(0), i32(i32(w_ - kw_) * c_in))
         tiles = (gemm_k + BK - 1) // BK
-        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, b_src, b_ok, geo, tap_of(i32(BK), c_in, kw_)),
-                  (k, ci, kx, ky), warp_m, warp_n, acc)
-        cuda.syncthreads()
+        tap_x, tap_y = tap_start(kx, ky)
+        dst = kc_offset(i32(tid >> 2), i32(tid & 3))
+        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, a_miss, b_src, dst, geo, step, deltas),
+                  (k, ci, tap_x, tap_y, i32(i32(i32(ky * w_) + kx) * c_in) + ci), warp_m, warp_n, acc)
+        cuda.syncthreads()   # the pipeline's shared memory is free: stage the fp16 tile there
         for ni in range(NI):
-            for j in range(2):
-                col = warp_n * WTN + ni * 8 + (lane & 3) * 2 + j
-                part, part_sq = ZERO, ZERO
-                for mi in range(MI):
-                    for half in range(2):
-                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
-                        if row < gemm_m and n0 + col < gemm_n:
-                            if bias:
-                                v = f16(acc[mi, ni, 2 * half + j] + sums[n0 + col])
-                            else:
-                                v = f16(acc[mi, ni, 2 * half + j])
-                            y[row * c_out + n0 + col] = v
-                            part += f32(v)
-                            part_sq += f32(v) * f32(v)
-                if bn_stats:   # one slot per (row group, column): a fixed-order sum below
-                    group = warp_m * 8 + (lane >> 2)
+            col = warp_n * WTN + ni * 8 + (lane & 3) * 2
+            b0, b1 = column_bias(sums, n0 + col), column_bias(sums, n0 + col + 1)   # the linear layer's, else 0
+            for mi in range(MI):
+                for half in range(2):
+                    row = warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
+                    stage_pair(smem, row, col, f16(acc[mi, ni, 2 * half] + b0), f16(acc[mi, ni, 2 * half + 1] + b1))
+        staged_barrier()
+        store_staged(smem, y, m0, n0, gemm_m, gemm_n, c_out)
+        if bn_stats:
+            cuda.syncthreads()   # the staged tile is read: its memory takes the statistics' slots
+            for ni in range(NI):
+                for j in range(2):
+                    col = warp_n * WTN + ni * 8 + (lane & 3) * 2 + j
+                    part, part_sq = ZERO, ZERO
+                    for mi in range(MI):
+                        for half in range(2):
+                            row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
+                            if row < gemm_m and n0 + col < gemm_n:   # the stored (fp16) values
+                                v = f32(f16(acc[mi, ni, 2 * half + j]))
+                                part += v
+                                part_sq += v * v
+                    group = warp_m * 8 + (lane >> 2)   # one slot per (row group, column): a fixed-order sum below
                     smem[group * BN + col] = part
                     smem[(ROW_GROUPS + group) * BN + col] = part_sq
         if bn_stats:
@@ -226,7 +290,7 @@ FORWARD_ANY_CHANNELS = {(tile, epilogue): _declare(tile, epilogue, any_channels=
 
 def mma_supported(x_shape, w_shape, groups):
     """Whether the tensor-core forward takes this convolution (else the SIMT one does)."""
-    return groups == 1 and w_shape[-1] == x_shape[-1]
+    return groups == 1 and w_shape[-1] == x_shape[-1] and max(w_shape[1], w_shape[2]) <= MAX_TAPS
 
 
 def forward_tile(w_shape, y_size, tiles=None):

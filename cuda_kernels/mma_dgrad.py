@@ -15,10 +15,10 @@ from numba import cuda
 
 from . import _conv
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, shared_window
-from .mma_conv import step_tap, tap_of
+from ._mma import cp_async_16_at, ld_global_v4, pack_half2, st_global_v4, unpack_half2
+from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
-from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel,
+from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel, staged_barrier,
                          pipeline_bytes, shared_array_words, stage_layout)
 from .registry import H1, flat, nbt
 
@@ -29,9 +29,9 @@ _FAR = -(1 << 24)
 @cuda.jit(device=True)
 def phase_class(z, extent, s, p, k_):
     """For phase ``z`` of one axis: first input index, count, output offset and tap count."""
-    first = (z - p) % s
-    count = max(0, (extent - first + s - 1) // s)
-    return first, count, (first + p - z) // s, max(0, (k_ - z + s - 1) // s)
+    first = i32((z - p) % s)
+    count = i32(max(0, (extent - first + s - 1) // s))
+    return first, count, i32((first + p - z) // s), i32(max(0, (k_ - z + s - 1) // s))
 
 
 def make_dgrad(tile):
@@ -39,48 +39,47 @@ def make_dgrad(tile):
     A_RPP = T // (BK // CHUNK)
     A_LOADS = math.ceil(BM / A_RPP)
     B_CPR = BN // CHUNK
-    B_RPP = T // B_CPR
-    B_LOADS = math.ceil(BK / B_RPP)
+    # B row r = 8 c + j (k = k0 + r) is staged by the threads whose A chunk column is c (tid & 3): its tap is the
+    # A chunk's and its filter channel co + j, so one offset moved with the A tap serves every B row
+    JSTEP = T // 4 // B_CPR          # j of a thread's successive B rows
+    B_LOADS = math.ceil(CHUNK / JSTEP)
     B_ROW = (BN + CHUNK) * 2
     A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=False, b_trans=True)
     SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=False, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    ROW_F = BN + CHUNK                  # staged fp32 row (8 words of padding: half-warps' pairs on distinct banks)
+    ROUNDS = 1 if BM * ROW_F * 4 <= pipeline_bytes(tile, a_trans=False, b_trans=True) else WARPS_M
+    ROUND_ROWS = BM // ROUNDS
+    if ROUND_ROWS * ROW_F * 4 > pipeline_bytes(tile, a_trans=False, b_trans=True):
+        raise ValueError(f"tile {tile.name}: a warp row of the fp32 output does not fit the pipeline's shared memory")
+    CPR = BN // CHUNK                   # 16-byte chunks of an output row
+    RPP = T // CPR
+    PASSES = math.ceil(ROUND_ROWS / RPP)
 
     @cuda.jit(device=True)
-    def issue(smem, dy, w, stage, k, k0, co, tx, ty, a_base, a_h, a_w, b_src, n_ok, gemm_k, geo):
-        oh_, ow_, c_out = geo[7], geo[8], geo[9]
+    def issue(smem, window, dy, w, stage, k, bx, by, off, b_off, a_base, a_miss, b_add, dst, gemm_k):
+        """Stage the k-tile at this thread's chunk column ``k`` (tap bits ``bx = 1 << tx``, ``by = 1 << (16 + ty)``;
+        ``off`` / ``b_off``: the tap's offsets in dy and w) into ``stage``."""
         tid = i32(cuda.threadIdx.x)
-        chunk = tid & 3
-        window = shared_window(smem)
-        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
-        k_ok = k < gemm_k
-        tap_offset = i32(i32(i32(ty * ow_) + tx) * c_out) - co
+        a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
+        k_ok = k < gemm_k   # this phase class's (geo holds none)
+        # past the end of the reduction bit 15, which no row's taps hold (taps <= MAX_TAPS): the copies zero-fill
+        q = u32(bx | by) if k_ok else u32(1 << MAX_TAPS)
         for i in range(A_LOADS):
-            r = (tid >> 2) + i * A_RPP
-            if A_LOADS * A_RPP == BM or r < BM:   # unsigned compares: negative rows are out of range too
-                valid = k_ok and u32(i32(a_h[i] - ty)) < u32(oh_) and u32(i32(a_w[i] - tx)) < u32(ow_)
-                cp_async_16_at(smem, window, i32(a_stage + kc_offset(r, chunk)), dy, i32(a_base[i] - tap_offset),
-                               valid)
-        for i in range(B_LOADS):
-            r = tid // B_CPR + i * B_RPP
-            if B_LOADS * B_RPP == BK or r < BK:
-                cp_async_16_at(smem, window, i32(b_stage + r * B_ROW + (tid % B_CPR) * 16), w, b_src[i],
-                               n_ok and i32(k0 + r) < gemm_k)
+            if A_LOADS * A_RPP == BM or (tid >> 2) + i * A_RPP < BM:   # where a pass overhangs the tile
+                cp_async_16_at(smem, window, i32(a_dst + i * A_RPP * BK * 2), dy, i32(a_base[i] + off),
+                               u32(q & a_miss[i]) == u32(0))
+        for i in range(B_LOADS):   # k0 + 8 c + j < gemm_k where k = k0 + 8 c < gemm_k (both multiples of 8)
+            if B_LOADS * JSTEP == CHUNK or (tid >> 2) // B_CPR + i * JSTEP < CHUNK:
+                cp_async_16_at(smem, window, i32(b_dst + i * JSTEP * B_ROW), w, i32(b_off + b_add[i]), k_ok)
 
     @cuda.jit(device=True)
-    def issue_next(smem, stage, operands, state):
-        dy, w, a_base, a_h, a_w, bco, btx, b_src, n_ok, gemm_k, tw_, step, deltas, geo = operands
-        k, k0, co, tx, ty = state
-        issue(smem, dy, w, stage, k, k0, co, tx, ty, a_base, a_h, a_w, b_src, n_ok, gemm_k, geo)
-        co, tx, ty = step_tap(co, tx, ty, step, geo[9], tw_)
-        for i in range(B_LOADS):   # each B row's tap and filter offset, advanced without division or loop
-            c, t, o = i32(bco[i] + step[0]), i32(btx[i] + step[1]), i32(b_src[i] + deltas[0])
-            if c >= geo[9]:
-                c, t, o = i32(c - geo[9]), i32(t + 1), i32(o + deltas[1])
-            if t >= tw_:
-                t, o = i32(t - tw_), i32(o + deltas[2])
-            bco[i], btx[i], b_src[i] = c, t, o
-        return i32(k + BK), i32(k0 + BK), co, tx, ty
+    def issue_next(smem, window, stage, operands, state):
+        dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, deltas, c_out = operands
+        k, co, bx, by, off, b_off = state
+        issue(smem, window, dy, w, stage, k, bx, by, off, b_off, a_base, a_miss, b_add, dst, gemm_k)
+        co, bx, by, offs = step_tap_bits(co, bx, by, (off, b_off), step, deltas, c_out, tw_)
+        return i32(k + BK), co, bx, by, offs[0], offs[1]
 
     main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next)
 
@@ -88,11 +87,8 @@ def make_dgrad(tile):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
-        a_h = cuda.local.array(A_LOADS, nbt.int32)
-        a_w = cuda.local.array(A_LOADS, nbt.int32)
-        bco = cuda.local.array(B_LOADS, nbt.int32)
-        btx = cuda.local.array(B_LOADS, nbt.int32)
-        b_src = cuda.local.array(B_LOADS, nbt.int32)
+        a_miss = cuda.local.array(A_LOADS, nbt.uint32)
+        b_add = cuda.local.array(B_LOADS, nbt.int32)
         batch, h_, w_, c_in, oh_, ow_, c_out = geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9]
         kh_, kw_, s, p, accumulate = geo[10], geo[11], geo[12], geo[13], geo[16]
         ph, pw = i32(cuda.blockIdx.z // s), i32(cuda.blockIdx.z % s)
@@ -103,56 +99,71 @@ def make_dgrad(tile):
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
-        if m0 >= gemm_m:
-            return
         for i in range(A_LOADS):
             m = m0 + (tid >> 2) + i * A_RPP
-            if m < gemm_m:
+            if m < gemm_m:   # the taps (tx, ty) that reach an output pixel: 0 <= a_h - ty < oh, 0 <= a_w - tx < ow
                 jw, t = m % wc, m // wc
                 jh, b = t % hc, t // hc
-                a_h[i], a_w[i] = jh + dh, jw + dw
-                a_base[i] = ((b * oh_ + a_h[i]) * ow_ + a_w[i]) * c_out
+                a_h, a_w = jh + dh, jw + dw
+                a_base[i] = ((b * oh_ + a_h) * ow_ + a_w) * c_out
+                a_miss[i] = ~u32(bits_between(i32(a_w - ow_ + 1), i32(a_w + 1), tw_)
+                                 | u32(bits_between(i32(a_h - oh_ + 1), i32(a_h + 1), th_) << u32(16)))
             else:
-                a_h[i], a_w[i], a_base[i] = i32(_FAR), i32(_FAR), i32(0)
-        tiles = (gemm_k + BK - 1) // BK
+                a_base[i], a_miss[i] = i32(0), ~u32(0)
+        # a block past this class's pixels runs no k-tile and stores nothing (no early return: ptxas would then
+        # guard every warp-synchronous instruction with a WARPSYNC)
+        tiles = i32((gemm_k + BK - 1) // BK) if m0 < gemm_m else i32(0)
         k = i32((tid & 3) * CHUNK)
-        tw_ = max(tw_, i32(1))   # a class no tap reaches has no k-tiles: any non-zero divisor
+        tw_ = i32(max(tw_, i32(1)))   # a class no tap reaches has no k-tiles: any non-zero divisor
         co, tx, ty = tap_of(k, c_out, tw_)
         step = tap_of(i32(BK), c_out, tw_)
+        # dy[.., a_h - ty, a_w - tx, co] = a_base + co - (ty ow + tx) c_out: ``off`` by step, by co wrap, by tx wrap
+        deltas = (i32(step[0] - i32(i32(step[1] + i32(step[2] * ow_)) * c_out)), i32(-2 * c_out),
+                  i32(i32(tw_ - ow_) * c_out))
         # w[co, ph + s ty, pw + s tx, n] = co CO + ty TY + tx TX + (ph kw_ + pw) c_in + n: linear in the tap
         tap_x, tap_y, tap_c = i32(s * c_in), i32(i32(s * kw_) * c_in), i32(i32(kh_ * kw_) * c_in)
-        deltas = (i32(i32(step[0] * tap_c) + i32(step[1] * tap_x) + i32(step[2] * tap_y)),
-                  i32(tap_x - i32(c_out * tap_c)), i32(tap_y - i32(tw_ * tap_x)))
-        n = i32(cuda.blockIdx.y * BN + (tid % B_CPR) * CHUNK)
+        b_deltas = (i32(i32(step[0] * tap_c) + i32(step[1] * tap_x) + i32(step[2] * tap_y)),
+                    i32(tap_x - i32(c_out * tap_c)), i32(tap_y - i32(tw_ * tap_x)))
+        # B rows 8 c + j0 + i JSTEP, chunk column cb; columns past N read column N - 8's (never stored)
+        j0, cb = i32(i32(tid >> 2) // B_CPR), i32(i32(tid >> 2) % B_CPR)
+        n = min(i32(n0 + cb * CHUNK), i32(c_in - CHUNK))
         for i in range(B_LOADS):
-            bco[i], btx[i], bty = tap_of(i32(tid // B_CPR + i * B_RPP), c_out, tw_)
-            b_src[i] = i32(i32(bco[i] * tap_c) + i32(bty * tap_y) + i32(btx[i] * tap_x) + i32(i32(ph * kw_) + pw) * c_in
-                           + n)
-        main_loop(smem, tiles, (dy, w, a_base, a_h, a_w, bco, btx, b_src, n < c_in, gemm_k, tw_, step, deltas, geo),
-                  (k, i32(0), co, tx, ty), warp_m, warp_n, acc)
-        pixel = cuda.local.array((MI, 2), nbt.int32)   # the divisions stay out of the unrolled stores
-        for mi in range(MI):
-            for half in range(2):
-                m = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + half * 8
-                jw, t = m % wc, m // wc
-                jh, b = t % hc, t // hc
-                pixel[mi, half] = ((b * h_ + h0 + s * jh) * w_ + w0 + s * jw) * c_in if m < gemm_m else i32(-1)
-        if accumulate:   # two loops, each small enough for LLVM to unroll (acc stays in registers)
-            for mi in range(MI):
-                for ni in range(NI):
-                    for r in range(4):
-                        n = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
-                        o = pixel[mi, r >> 1]
-                        if o >= 0 and n < gemm_n:
-                            dx[o + n] = f16(acc[mi, ni, r] + f32(dx[o + n]))
-        else:
-            for mi in range(MI):
-                for ni in range(NI):
-                    for r in range(4):
-                        n = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
-                        o = pixel[mi, r >> 1]
-                        if o >= 0 and n < gemm_n:
-                            dx[o + n] = f16(acc[mi, ni, r])
+            b_add[i] = i32(i32(i32(j0 + i * JSTEP) * tap_c) + n)
+        b_off = i32(i32(co * tap_c) + i32(ty * tap_y) + i32(tx * tap_x) + i32(i32(ph * kw_) + pw) * c_in)
+        dst = (kc_offset(i32(tid >> 2), i32(tid & 3)), i32(i32(i32((tid & 3) * CHUNK) + j0) * B_ROW + cb * 16))
+        off = i32(co - i32(i32(i32(ty * ow_) + tx) * c_out))
+        main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, (deltas, b_deltas), c_out),
+                  (k, co, u32(u32(1) << u32(tx)), u32(u32(1 << 16) << u32(ty)), off, b_off), warp_m, warp_n, acc)
+        # the fp32 tile staged in shared memory (``ROUNDS`` row blocks of a warp row each where it does not fit),
+        # then 8 channels of one pixel per thread: dx (accumulated in fp32, rounded once) in 16-byte vectors
+        c = i32((tid % CPR) * CHUNK)
+        for rnd in range(ROUNDS):
+            cuda.syncthreads()   # the pipeline's (or the last round's) shared memory is free
+            if ROUNDS == 1 or warp_m == rnd:
+                for mi in range(MI):
+                    for ni in range(NI):
+                        for r in range(4):
+                            row = warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8 - rnd * ROUND_ROWS
+                            smem[row * ROW_F + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)] = acc[mi, ni, r]
+            staged_barrier()
+            for pss in range(PASSES):
+                row = i32(tid // CPR + pss * RPP)
+                m = i32(m0 + rnd * ROUND_ROWS + row)
+                if (PASSES * RPP == ROUND_ROWS or row < ROUND_ROWS) and m < gemm_m and n0 + c < gemm_n:
+                    jw, t = i32(m % wc), i32(m // wc)
+                    jh, b = i32(t % hc), i32(t // hc)
+                    o = i32(i32(i32(i32(i32(b * h_) + h0 + s * jh) * w_ + w0 + s * jw) * c_in) + n0 + c)
+                    v = cuda.local.array(CHUNK, nbt.float32)
+                    for j in range(CHUNK):
+                        v[j] = smem[row * ROW_F + c + j]
+                    if accumulate:
+                        old = ld_global_v4(dx, o)
+                        for j in range(CHUNK // 2):
+                            lo, hi = unpack_half2(old[j])
+                            v[2 * j] += f32(lo)
+                            v[2 * j + 1] += f32(hi)
+                    st_global_v4(dx, o, pack_half2(f16(v[0]), f16(v[1])), pack_half2(f16(v[2]), f16(v[3])),
+                                 pack_half2(f16(v[4]), f16(v[5])), pack_half2(f16(v[6]), f16(v[7])))
     return conv2d_backward_data
 
 

@@ -53,7 +53,7 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     c_out, _, _, c_in = w.shape
     # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
     if not (mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
-            and (dx is None or _gemm_ready(c_in, c_out, groups))
+            and (dx is None or (_gemm_ready(c_in, c_out, groups) and max(w.shape[1:3]) <= mma_conv.MAX_TAPS))
             and not backward_excluded(tuple(x.shape), tuple(w.shape), stride, dx is not None)):
         _conv.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
         return

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from numba import cuda
 
 from .dynamic_smem import STATIC_SHARED_LIMIT
-from ._mma import cp_async_commit, cp_async_wait, ldmatrix_x4_at, ldmatrix_x4_trans_at, mma_m16n8k16, shared_window
+from ._mma import (cp_async_commit, cp_async_wait, ld_shared_v4, ldmatrix_x4_at, ldmatrix_x4_trans_at,
+                   mma_m16n8k16, pack_half2, shared_window, st_global_v4, st_shared_b32, unpack_half2)
 from .registry import SIMULATOR, ZERO, KernelSpec, jit_kernel, nbt
 
 BK = 32
@@ -201,6 +202,13 @@ def block_barrier():
     cuda.syncthreads()
 
 
+@cuda.jit(device=True)
+def staged_barrier():
+    """``bar.sync`` between an epilogue's writes of its staged output tile and the reads of other threads' values
+    (module-level, like ``block_barrier``: the simulator tier's mutation test deletes it and sees the stores break)."""
+    cuda.syncthreads()
+
+
 def make_pipeline(tile, a_trans, b_trans, issue_next):
     """The ``STAGES``-deep ``cp.async`` main loop the forward, input- and weight-gradient kernels share:
 
@@ -208,18 +216,37 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
         iteration kt: wait until tile kt landed; syncthreads (which also retires stage kt-1);
                       issue tile kt+STAGES-1 into the stage kt-1 used; mma on stage kt
 
-    ``issue_next(smem, stage, operands, state) -> state`` stages the kernel's next k-tile into ``stage``
+    The loop body runs ``STAGES`` k-tiles (each stage a constant: immediate offsets in the ldmatrix / cp.async
+    addresses, no stage counters); its loop branch, counter and compare are paid once per ``STAGES`` k-tiles. The
+    first ``tiles % STAGES`` k-tiles run before it, the ring started that many stages early so the loop starts at 0. It issues unconditionally:
+    a k-tile past the end must be all zero-fill (every ``issue_next`` makes its copies invalid there), lands
+    in a stage no mma reads, and costs no branch in the loop.
+
+    ``issue_next(smem, window, stage, operands, state) -> state`` stages the kernel's next k-tile into ``stage``
     (its A tile at byte ``stage * a_stage``, its B tile at ``b_base + stage * b_stage``, the layout
-    ``stage_layout`` gives) and returns ``state`` advanced by ``BK``: two tuples of the kernel's choosing,
-    ``operands`` fixed (arrays: kept out of the loop-carried state, LLVM then keeps the per-thread
-    coordinate arrays in registers), ``state`` scalars of unchanging types.
+    ``stage_layout`` gives; ``window``: ``shared_window(smem)``) and returns ``state`` advanced by ``BK``: two
+    tuples of the kernel's choosing, ``operands`` fixed (arrays: kept out of the loop-carried state, LLVM then
+    keeps the per-thread coordinate arrays in registers), ``state`` scalars of unchanging types.
     ``main_loop(smem, tiles, operands, state, warp_m, warp_n, acc)`` zeroes the warp's fp32 accumulators
     ``acc[mi, ni, 4]``, runs ``tiles`` k-tiles and returns with every copy landed (an epilogue that
     reuses ``smem`` syncs the block first)."""
+    if STAGES != 3:
+        raise ValueError("make_pipeline: the loop body is written out for 3 stages")
     MI, NI, KK = tile.mi, tile.ni, BK // 16
     A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans, b_trans)
     fragment_offsets, warp_step = make_warp_step(tile, a_trans, b_trans)
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
+    i32 = nbt.int32
+
+    @cuda.jit(device=True)
+    def k_tile(smem, window, read, operands, state, a_off, b_off, acc):
+        """One k-tile on stage ``read`` (a constant), issuing the tile ``STAGES - 1`` ahead into the stage before it."""
+        wait_stage()
+        block_barrier()
+        state = issue_next(smem, window, i32(i32(read + STAGES - 1) % STAGES), operands, state)
+        cp_async_commit()
+        warp_step(smem, window, i32(read * A_STAGE), i32(B_BASE + read * B_STAGE), a_off, b_off, acc)
+        return state
 
     @cuda.jit(device=True)
     def main_loop(smem, tiles, operands, state, warp_m, warp_n, acc):
@@ -231,23 +258,78 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
             for ni in range(NI):
                 for r in range(4):
                     acc[mi, ni, r] = ZERO
+        tiles = i32(tiles)
+        # the first ``tiles % STAGES`` k-tiles run before the loop, from stage ``first``: the loop then starts at
+        # stage 0 and runs whole rounds of STAGES k-tiles (counter, compare and branch once per round)
+        rest = i32(tiles - i32(i32(tiles // STAGES) * STAGES))
+        first = i32(STAGES - rest) if rest > 0 else i32(0)
         for stage in range(STAGES - 1):
             if stage < tiles:
-                state = issue_next(smem, nbt.int32(stage), operands, state)
+                state = issue_next(smem, window, i32(first + stage) % STAGES, operands, state)
             cp_async_commit()
-        tiles = nbt.int32(tiles)
-        read, write = nbt.int32(0), nbt.int32(STAGES - 1)   # stages: int32 counters, no % in the loop
-        for kt in range(tiles):
-            wait_stage()
-            block_barrier()
-            if kt + STAGES - 1 < tiles:
-                state = issue_next(smem, write, operands, state)
-            cp_async_commit()
-            warp_step(smem, window, nbt.int32(read * A_STAGE), nbt.int32(B_BASE + read * B_STAGE), a_off, b_off, acc)
-            read = nbt.int32(0) if read == STAGES - 1 else nbt.int32(read + 1)
-            write = nbt.int32(0) if write == STAGES - 1 else nbt.int32(write + 1)
+        if rest > 0:   # written out: no loop (the SASS report's main loop is the one around the rounds)
+            state = k_tile(smem, window, first, operands, state, a_off, b_off, acc)
+        if rest > 1:
+            state = k_tile(smem, window, i32(first + 1), operands, state, a_off, b_off, acc)
+        rounds = i32(tiles // STAGES)
+        while rounds > 0:
+            state = k_tile(smem, window, 0, operands, state, a_off, b_off, acc)
+            state = k_tile(smem, window, 1, operands, state, a_off, b_off, acc)
+            state = k_tile(smem, window, 2, operands, state, a_off, b_off, acc)
+            rounds = i32(rounds - 1)
         wait_all()
     return main_loop
+
+
+def staged_bytes(tile):
+    """Shared bytes of ``tile``'s fp16 output staged for 16-byte stores: rows of ``bn + 8`` fp16 (16 bytes of
+    padding: a warp's fp16 pairs, rows ``lane >> 2`` and columns ``2 (lane % 4)``, fall on 32 distinct banks)."""
+    return tile.bm * (tile.bn + CHUNK) * 2
+
+
+def make_staged_store(tile, a_trans, b_trans):
+    """``(stage_pair, store_staged)``: the epilogue's 16-byte global stores of a ``bm x bn`` fp16 tile.
+
+    ``stage_pair(smem, row, col, v0, v1)`` writes two fp16 (columns ``col``, ``col + 1`` of tile row ``row``) into
+    the staged tile (the pipeline's shared memory, free after the main loop and a ``syncthreads``); after
+    ``staged_barrier()``, ``store_staged(smem, out, m0, n0, rows, cols, ld)`` writes every in-bounds element:
+    thread ``t`` moves 8 columns (16 bytes) of rows ``t // (bn / 8) + pass * rows_per_pass``, row ``r`` of the tile
+    at ``out[m0 + r, n0:]`` with row pitch ``ld`` (``ld % 8 == 0`` and ``cols % 8 == 0``: ``st.global.v4``;
+    otherwise 8 scalar stores, each checked against ``cols``)."""
+    if staged_bytes(tile) > pipeline_bytes(tile, a_trans, b_trans):
+        raise ValueError(f"tile {tile.name}: the staged output ({staged_bytes(tile)} bytes) exceeds its pipeline")
+    BM, BN, T = tile.bm, tile.bn, tile.threads
+    ROW = (BN + CHUNK) * 2     # bytes per staged row
+    CPR = BN // CHUNK          # 16-byte chunks per row
+    RPP = T // CPR             # rows per pass of the block
+    PASSES = -(-BM // RPP)
+    f16, i32 = nbt.float16, nbt.int32
+
+    @cuda.jit(device=True)
+    def stage_pair(smem, row, col, v0, v1):
+        st_shared_b32(smem, i32(i32(row * ROW) + col * 2), pack_half2(f16(v0), f16(v1)))
+
+    @cuda.jit(device=True)
+    def store_staged(smem, out, m0, n0, rows, cols, ld):
+        tid = i32(cuda.threadIdx.x)
+        c = i32((tid % CPR) * CHUNK)
+        vector = ld % CHUNK == 0 and cols % CHUNK == 0
+        for p in range(PASSES):
+            r = i32(tid // CPR + p * RPP)
+            if (PASSES * RPP == BM or r < BM) and m0 + r < rows and n0 + c < cols:
+                r0, r1, r2, r3 = ld_shared_v4(smem, i32(r * ROW + c * 2))
+                at = i32(i32(i32(m0 + r) * ld) + n0 + c)
+                if vector:
+                    st_global_v4(out, at, r0, r1, r2, r3)
+                else:   # rows not 16-byte aligned (ld % 8 != 0): fp16 at a time, the last chunk partial
+                    regs = (r0, r1, r2, r3)
+                    for j in range(CHUNK // 2):
+                        lo, hi = unpack_half2(regs[j])
+                        if n0 + c + 2 * j < cols:
+                            out[at + 2 * j] = lo
+                        if n0 + c + 2 * j + 1 < cols:
+                            out[at + 2 * j + 1] = hi
+    return stage_pair, store_staged
 
 
 # The tensor-core kernels' own table (``registry.KERNELS`` holds the SIMT reference set, whose

@@ -15,7 +15,7 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, shared_window
+from ._mma import cp_async_16_at
 from .mma_conv import step_tap, store_chunk, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
@@ -39,10 +39,9 @@ def make_wgrad(tile, any_channels=False):
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
 
     @cuda.jit(device=True)
-    def issue(smem, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
+    def issue(smem, window, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
         h_, w_, c_in, c_out, s, p = geo[4], geo[5], geo[6], geo[9], geo[12], geo[13]
         tid = i32(cuda.threadIdx.x)
-        window = shared_window(smem)
         a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
         v = cuda.local.array(CHUNK, nbt.float16)
         for i in range(A_LOADS):
@@ -66,14 +65,42 @@ def make_wgrad(tile, any_channels=False):
                                i32(i32(i32(i32(pb[i] * h_) + hh) * w_ + ww) * c_in) + ci, valid)
 
     @cuda.jit(device=True)
-    def issue_next(smem, stage, operands, p0):
+    def issue_next(smem, window, stage, operands, p0):
         dy, x, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, step, geo = operands
-        issue(smem, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
+        issue(smem, window, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
         for i in range(B_LOADS):   # each row's pixel on by BK, without division or loop
-            pow_[i], poh[i], pb[i] = step_tap(pow_[i], poh[i], pb[i], step, geo[8], geo[7])
+            pow_[i], poh[i], pb[i], _ = step_tap(pow_[i], poh[i], pb[i], i32(0), step, (i32(0), i32(0), i32(0)),
+                                                 geo[8], geo[7])
         return i32(p0 + BK)
 
     main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next)
+
+    @cuda.jit(device=True)
+    def issue_aligned(smem, window, dy, x, stage, p0, a_idx, a_add, a_lim, b_lim, ww, hh, xo, dst, geo):
+        """Cin % 8 == 0: each B row's pixel held as its tap's (hh, ww) and x offset ``xo`` (``step_pixels``)."""
+        a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
+        for i in range(A_LOADS):   # rows past the split's pixels zero-fill (dy: the product is then 0)
+            if A_LOADS * A_RPP == BK or i32(cuda.threadIdx.x) // A_CPR + i * A_RPP < BK:
+                cp_async_16_at(smem, window, i32(a_dst + i * A_RPP * A_ROW), dy, i32(a_idx + a_add[i]), p0 < a_lim[i])
+        for i in range(B_LOADS):   # unsigned compares: negative rows / columns (padding) are out of range too
+            if B_LOADS * B_RPP == BK or i32(cuda.threadIdx.x) // B_CPR + i * B_RPP < BK:
+                cp_async_16_at(smem, window, i32(b_dst + i * B_RPP * B_ROW), x, xo[i],
+                               p0 < b_lim[i] and u32(hh[i]) < u32(geo[4]) and u32(ww[i]) < u32(geo[5]))
+
+    @cuda.jit(device=True)
+    def issue_next_aligned(smem, window, stage, operands, state):
+        dy, x, a_add, a_lim, b_lim, ww, hh, xo, dst, ends, deltas, geo = operands
+        p0, a_idx = state
+        issue_aligned(smem, window, dy, x, stage, p0, a_idx, a_add, a_lim, b_lim, ww, hh, xo, dst, geo)
+        for i in range(B_LOADS):   # each row's pixel on by BK: adds and two wrap-arounds (ow into oh, oh into b)
+            w2, h2, o2 = i32(ww[i] + deltas[0]), i32(hh[i] + deltas[1]), i32(xo[i] + deltas[2])
+            wrap = w2 >= ends[0]
+            w2, h2, o2 = (i32(w2 + deltas[3]), i32(h2 + geo[12]), i32(o2 + deltas[4])) if wrap else (w2, h2, o2)
+            wrap = h2 >= ends[1]
+            ww[i], hh[i], xo[i] = w2, (i32(h2 + deltas[5]) if wrap else h2), (i32(o2 + deltas[6]) if wrap else o2)
+        return i32(p0 + BK), i32(a_idx + deltas[7])
+
+    main_loop_aligned = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next_aligned)
 
     def conv2d_backward_weight(dy, x, dw, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
@@ -101,14 +128,49 @@ def make_wgrad(tile, any_channels=False):
             for j in range(CHUNK):
                 tci[j], t = (n + j) % c_in, (n + j) // c_in
                 tkw[j], tkh[j] = t % kw_, (t // kw_ if n + j < gemm_n else i32(_FAR))
-        for i in range(B_LOADS):                # and its pixel rows, advanced by BK per k-tile
-            q = p0 + tid // B_CPR + i * B_RPP
-            pow_[i], t = q % ow_, q // ow_
-            poh[i], pb[i] = t % oh_, t // oh_
         tiles = (p_end - p0 + BK - 1) // BK
-        main_loop(smem, tiles, (dy, x, i32(p_end), i32(co), co < gemm_m, n_ok, i32(kh - geo[13]), i32(kw - geo[13]),
-                                i32(ci), pb, poh, pow_, tkh, tkw, tci, tap_of(i32(BK), ow_, oh_), geo), i32(p0), warp_m,
-                  warp_n, acc)
+        if any_channels:
+            for i in range(B_LOADS):                # and its pixel rows, advanced by BK per k-tile
+                q = p0 + tid // B_CPR + i * B_RPP
+                pow_[i], t = q % ow_, q // ow_
+                poh[i], pb[i] = t % oh_, t // oh_
+            main_loop(smem, tiles, (dy, x, i32(p_end), i32(co), co < gemm_m, n_ok, i32(kh - geo[13]),
+                                    i32(kw - geo[13]), i32(ci), pb, poh, pow_, tkh, tkw, tci, tap_of(i32(BK), ow_, oh_),
+                                    geo), i32(p0), warp_m, warp_n, acc)
+        else:
+            h_, w_, c_out, s, p = geo[4], geo[5], geo[9], geo[12], geo[13]
+            a_add = cuda.local.array(A_LOADS, nbt.int32)
+            a_lim = cuda.local.array(A_LOADS, nbt.int32)
+            b_lim = cuda.local.array(B_LOADS, nbt.int32)
+            ww = cuda.local.array(B_LOADS, nbt.int32)
+            hh = cuda.local.array(B_LOADS, nbt.int32)
+            xo = cuda.local.array(B_LOADS, nbt.int32)
+            for i in range(A_LOADS):   # dy row r of the k-tile at p0: (p0 + r) c_out + co, while p0 + r < p_end
+                r = i32(tid // A_CPR + i * A_RPP)
+                a_add[i], a_lim[i] = i32(r * c_out), i32(p_end - r)
+            # columns past M / N read column M - 8's / N - 8's tap (never stored): only pixels and padding zero-fill
+            co = min(i32(co), i32(c_out - CHUNK))
+            n = min(i32(n), i32(gemm_n - CHUNK))
+            ci, t = i32(n % c_in), i32(n // c_in)
+            kw, kh = i32(t % kw_), i32(t // kw_)
+            for i in range(B_LOADS):   # x row r: pixel q = p0 + r = (b, oh, ow) at tap (kh, kw, ci)
+                r = i32(tid // B_CPR + i * B_RPP)
+                q = i32(p0 + r)
+                ow, t = i32(q % ow_), i32(q // ow_)
+                oh, b = i32(t % oh_), i32(t // oh_)
+                ww[i], hh[i] = i32(i32(ow * s) + kw - p), i32(i32(oh * s) + kh - p)
+                xo[i] = i32(i32(i32(i32(b * h_) + hh[i]) * w_ + ww[i]) * c_in) + ci
+                b_lim[i] = i32(p_end - r)
+            step = tap_of(i32(BK), ow_, oh_)   # BK pixels: (ow, oh, b) steps
+            ends = (i32(i32(ow_ * s) + kw - p), i32(i32(oh_ * s) + kh - p))
+            row = i32(w_ * c_in)
+            deltas = (i32(step[0] * s), i32(step[1] * s),
+                      i32(i32(i32(step[2] * h_) * row) + i32(i32(step[1] * s) * row) + i32(i32(step[0] * s) * c_in)),
+                      i32(-ow_ * s), i32(i32(s * row) - i32(i32(ow_ * s) * c_in)),
+                      i32(-oh_ * s), i32(i32(h_ * row) - i32(i32(oh_ * s) * row)), i32(BK * c_out))
+            dst = (i32(i32(tid // A_CPR) * A_ROW + (tid % A_CPR) * 16), i32(i32(tid // B_CPR) * B_ROW + (tid % B_CPR) * 16))
+            main_loop_aligned(smem, tiles, (dy, x, a_add, a_lim, b_lim, ww, hh, xo, dst, ends, deltas, geo),
+                              (i32(p0), i32(i32(p0 * c_out) + co)), warp_m, warp_n, acc)
         for mi in range(MI):
             for ni in range(NI):
                 for r in range(4):

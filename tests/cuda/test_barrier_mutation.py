@@ -26,3 +26,25 @@ def test_the_forward_fails_without_the_main_loops_block_barrier(monkeypatch, cas
     monkeypatch.setattr(mma_tiles, "block_barrier", _deleted_barrier)
     with pytest.raises(AssertionError):
         _forward(rng, case, False)
+
+
+@pytest.mark.parametrize("case", ["3x3-c8-partial-mnk"])
+def test_the_forward_fails_without_the_epilogues_staged_barrier(monkeypatch, case):
+    """The epilogue stages its fp16 tile in shared memory and stores it in 16-byte chunks of other threads' values:
+    with the barrier between the two deleted, threads read chunks not yet written (the pipeline's leftovers)."""
+    from cuda_kernels import mma_conv
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
+    _forward(rng, case, False)
+    monkeypatch.setattr(mma_conv, "staged_barrier", _deleted_barrier)
+    with pytest.raises(AssertionError):
+        _forward(rng, case, False)
+
+
+def test_the_input_gradient_fails_without_the_epilogues_staged_barrier(monkeypatch):
+    from cuda_kernels import mma_dgrad
+    from tests.cuda.test_mma_conv import _dgrad
+    rng = np.random.default_rng(zlib.crc32(b"3x3-s1-p1"))
+    _dgrad(rng, "3x3-s1-p1")
+    monkeypatch.setattr(mma_dgrad, "staged_barrier", _deleted_barrier)
+    with pytest.raises(AssertionError):
+        _dgrad(rng, "3x3-s1-p1")

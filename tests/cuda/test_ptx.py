@@ -122,7 +122,7 @@ def test_tensor_core_intrinsics_emit_their_ptx_and_assemble_without_spills(cc):
 # ---- tensor-core kernels: every row of MMA_KERNELS, sm_80 and sm_90 ------------------------------------------
 from cuda_kernels import mma_kernels  # noqa: E402  (imports every tensor-core kernel module)
 from cuda_kernels.mma_static import shared_fits  # noqa: E402
-from cuda_kernels.mma_tiles import MMA_KERNELS, TILES  # noqa: E402
+from cuda_kernels.mma_tiles import MMA_KERNELS, STAGES, TILES  # noqa: E402
 
 REGISTERS_PER_SM = 65536
 
@@ -140,7 +140,9 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     assert pipeline, "the pipeline's shared array must be 16-byte aligned"
     assert (".extern " in pipeline) == (spec.dynamic_shared_bytes > 0), (pipeline, spec.dynamic_shared_bytes)
     counts = instruction_counts(ptx)
-    assert counts["mma"] == tile.mi * tile.ni * 2, counts   # the main loop's k16 steps, unrolled once
+    # the k16 steps (two per k-tile) of the main loop's body, written out for each of the STAGES pipeline stages,
+    # and of the STAGES - 1 k-tiles that may run before it
+    assert counts["mma"] == tile.mi * tile.ni * 2 * (2 * STAGES - 1), counts
     assert counts["ldmatrix"] + counts["ldmatrix_trans"] > 0, counts
     if "any_channels" in name:   # unaligned rows (stems): scalar loads and one st.shared.v4 per chunk
         assert "st.shared.v4.b32" in ptx and counts["cp_async"] == (0 if "forward" in name else counts["cp_async"])
