@@ -3,14 +3,14 @@
 One record per kernel and architecture (sm_80, sm_90): registers, spill bytes, stack bytes,
 static shared memory (``ptxas -v``), the dynamic shared memory it is launched with (tiles above
 48 KB) and whether both fit the architecture, mma / ldmatrix / cp.async instructions per main-loop
-iteration (one warp; the loop body is emitted once), and the predicted steady-state TFLOP/s
+k-tile (one warp; the PTX holds 2 x STAGES - 1 k-tiles), and the predicted steady-state TFLOP/s
 of its tile on an H200 (``model``: a prediction, not a measurement).
 """
 import json
 from types import SimpleNamespace
 
 from cuda_kernels.mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
-from cuda_kernels.mma_tiles import BK, TILES
+from cuda_kernels.mma_tiles import BK, STAGES, TILES
 
 from .model import H200, blocks_per_sm, loop_instructions
 
@@ -43,7 +43,9 @@ def static_records(archs=ARCHS):
             for name, spec in sorted(all_mma_kernels().items()):
                 tile = next(t for t in TILES if name.endswith("_" + t.name))
                 ptx, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=cc)
-                counts = instruction_counts(ptx)
+                # the k-loop body is written out for each of the STAGES stages, and for the up to STAGES - 1
+                # k-tiles before it: the PTX holds 2 * STAGES - 1 k-tiles' instructions, reported per k-tile
+                counts = {k: v // (2 * STAGES - 1) for k, v in instruction_counts(ptx).items()}
                 info = ptxas_info(ptx, cc) if ptxas_available() else None
                 record = dict(name=name, arch=f"sm_{cc[0]}{cc[1]}", tile=tile.name, threads=tile.threads,
                               mma_per_iteration_warp=counts["mma"],
@@ -62,9 +64,11 @@ def static_records(archs=ARCHS):
     return records
 
 
-def static_main(json_path=None):
-    """Print the per-kernel table (and write its records to ``json_path``, one JSON object per line); 0 when
-    every kernel is free of spills and its shared memory fits."""
+def static_main(json_path=None, memory=True):
+    """Print the per-kernel table (and write its records to ``json_path``, one JSON object per line), then the
+    SASS report (``benchmarks.sass_report``: main-loop instructions per HMMA against the budgets; with ``memory``
+    the other kernels' global accesses by width); 0 when every kernel is free of spills and its shared memory
+    fits."""
     records = static_records()
     if not ptxas_available():
         print("ptxas is not on PATH: instruction counts only (no registers, spills or shared bytes)")
@@ -79,5 +83,20 @@ def static_main(json_path=None):
     if json_path:   # JSON Lines, like every other --json of gpu_check
         with open(json_path, "w") as f:
             f.writelines(json.dumps(record) + "\n" for record in records)
+    _print_sass(memory)
     return 1 if any(r.get("spill_bytes", 0) or r.get("stack_bytes", 0) or not r.get("shared_fits", True)
                     for r in records) else 0
+
+
+def _print_sass(memory):
+    from cuda_kernels import sass
+
+    from benchmarks import sass_report
+    if not sass.tools_available():
+        print("\nSASS report skipped: ptxas, cuobjdump and nvdisasm are needed (pip install nvidia-cuda-cuobjdump "
+              "nvidia-cuda-nvdisasm)")
+        return
+    print("\nSASS (sm_90, ptxas + cuobjdump), static counts per warp and k-tile (BK 32); compiled code, not a GPU run")
+    sass_report.print_mma(sass_report.mma_rows())
+    if memory:
+        sass_report.print_memory(sass_report.memory_rows())
