@@ -114,7 +114,8 @@ def test_quick_dry_run_writes_one_record_per_unit_versions_first(quick):
     compiled = records[1]
     assert compiled["kernels"] == len(compiled["per_kernel_s"]) > 30 and compiled["total_s"] > 0
     breakdown = records[5]
-    assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 200
+    # a whole recorded step (193 launches since issue 23 merged its zero-fills and gated the ReLUs)
+    assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 150
     # a vector kernel (cuda_kernels.vector: ``*_vec8`` / ``*_vec4``) by its one-element twin's name
     assert {"(uploads)", "(downloads)", "sgd_step"} <= {re.sub(r"_vec[48]\b", "", r["name"]) for r in breakdown["rows"]}
     # issue 12: every convolution / linear pass of the step joined with its prediction (stand-in times: none)

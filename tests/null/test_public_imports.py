@@ -51,6 +51,7 @@ ALLOWED = {
     "planner._expand": "a compiled (Cython) module: its name stays; tests and benchmarks load its source beside it",
     "planner._memory": "a compiled (Cython) module: its name stays; tests and benchmarks load its source beside it",
     "tests.cuda.test_mma_conv._forward": "one test file reuses another's forward helper",
+    "tests.cuda.test_mma_conv._dgrad": "one test file reuses another's input-gradient helper",
 }
 
 

@@ -88,15 +88,17 @@ def test_any_channel_kernels_run_only_at_layers_whose_input_channels_no_aligned_
 def test_a_fill_before_a_kernel_that_writes_the_buffer_whole_is_found():
     """``overwritten_fills``: a fill of ``y`` before ``y = relu(x)`` is redundant; a fill of the overflow flag
     before ``check_overflow`` (which writes it only where it finds an inf) is not."""
-    from cuda_kernels.elementwise import _fill_zero_u32, _fill_zero_f16
+    from cuda_kernels.registry import all_kernels
     from cuda_kernels.tape import Launch
     from cuda_kernels.traffic import overwritten_fills
     x, y = np.ones(64, np.float16), np.ones(64, np.float16)
     g, flag = np.ones(16, np.float32), np.ones(1, np.int32)
     relu = ACTIVATION_KERNELS[Prim.RELU].forward
     f = np.float32(0)
-    launches = [Launch(_fill_zero_f16, 1, 32, (y,)), Launch(relu, 1, 32, (x, y, f, f)),
-                Launch(_fill_zero_u32, 1, 32, (flag.view(np.uint32),)), Launch(optim._check_overflow, 1, 32, (g, flag))]
+    fill = all_kernels()
+    launches = [Launch(fill["fill_zero_f16"], 1, 32, (y,)), Launch(relu, 1, 32, (x, y, f, f)),
+                Launch(fill["fill_zero_u32"], 1, 32, (flag.view(np.uint32),)),
+                Launch(optim._check_overflow, 1, 32, (g, flag))]
     assert overwritten_fills(launches) == [(0, "activation_forward.relu")]
 
 
