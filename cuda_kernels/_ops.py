@@ -355,19 +355,28 @@ def _optimizer_updates() -> dict:
 
 # ---- backward --------------------------------------------------------------------------------------------
 class _Gradients:
-    """Where each value's gradient goes inside one backward op, and whether to add into it."""
+    """Where each value's gradient goes inside one backward op, and whether to add into it. ``shared``: value ->
+    the tensor that holds its gradient instead of its own workspace (``_shared_sum_gradients``)."""
 
     def __init__(self, ov):
         self.ov = ov
         self.written = set()
+        self.shared = _shared_sum_gradients(ov)
 
     def of_output(self, value):
         ov = self.ov
+        if value in self.shared:
+            return ov.ctx.views[self.shared[value]]
         return ov.read(Role.DY) if value == ov.layer.output else ov.written(Role.GRAD, value=value)
 
     def target(self, value, role=None):
         """(view or None, accumulate) for the gradient of ``value``; ``role`` for unfused ops."""
         ov = self.ov
+        if value in self.shared:
+            tensor = self.shared[value]
+            accumulate = tensor in self.written
+            self.written.add(tensor)
+            return ov.ctx.views[tensor], accumulate
         if ov.fused:
             operand = ov.op.writing(Role.DX if value in ov.layer.inputs else Role.GRAD, value=value)
         else:
@@ -377,6 +386,51 @@ class _Gradients:
         accumulate = operand.accumulate or operand.tensor in self.written
         self.written.add(operand.tensor)
         return ov.ctx.views[operand.tensor], accumulate
+
+
+def _shared_sum_gradients(ov):
+    """A residual add passes its output's gradient unchanged to both inputs: rather than copying it (two
+    ``accumulate_into`` launches), its inputs' gradients share the tensor that holds it (fused ops only).
+
+    - an internal value whose only consumer is the add: nothing else ever writes its gradient, and the add's
+      output gradient is complete (every consumer of the output ran its backward first), so both only read it;
+    - the op's input, when its gradient (``DX``) is first written here: the add's output gradient is written
+      straight into ``DX`` instead of its workspace, provided every reader of that gradient (the producers of the
+      values sharing it, or the BN gating a shared activation) runs before anything else writes ``DX``, i.e. before
+      the backward of every other consumer of the input (they run in reverse order: lower positions later).
+    Where the add's output is the op's output, its gradient is the op's ``DY``, which the op only reads.
+    Returns value -> tensor id."""
+    shared = {}
+    if not ov.fused:
+        return shared
+    ctx, producer = ov.ctx, {prim.output: position for position, prim in ov.prims}
+    for position, prim in reversed(ov.prims):
+        if prim.kind != Prim.ADD or len(set(prim.inputs)) != 2:
+            continue
+        internal = [v for v in prim.inputs if v in producer and ctx.consumers[v] == 1]
+        if prim.output == ov.layer.output:   # the op's DY: only read here
+            output = ov.op.read(Role.DY)
+        elif prim.output in shared:
+            output = shared[prim.output]
+        else:
+            output = ov.op.written(Role.GRAD, value=prim.output)
+            outer = [v for v in prim.inputs if v in ov.layer.inputs]
+            if outer and _dx_free_until_read(ov, outer[0], position, internal, producer):
+                output = ov.op.writing(Role.DX, value=outer[0]).tensor
+                shared[outer[0]] = shared[prim.output] = output
+        for value in internal:
+            shared[value] = output
+    return shared
+
+
+def _dx_free_until_read(ov, value, add_position, readers, producer):
+    """Whether the gradient of the op input ``value`` can hold the add's output gradient (see above)."""
+    operand = ov.op.writing(Role.DX, value=value)
+    if operand is None or operand.accumulate:
+        return False
+    reads = [producer[v] - (1 if producer[v] in ov.gated else 0) for v in readers]
+    writes = [position for position, prim in ov.prims if value in prim.inputs and position != add_position]
+    return len(readers) == 1 and all(position < min(reads) for position in writes)
 
 
 def _forward_values(ov):
@@ -454,6 +508,8 @@ def _dparam(ov, position, role):
 @CUDA.implements(Prim.ADD, "backward")
 def _add_backward(launcher, ov, grads, values, position, prim, dy):
     for role, value in zip(GRADIENT_ROLES[Prim.ADD], prim.inputs):
+        if value in grads.shared:   # it already holds ``dy`` (_shared_sum_gradients)
+            continue
         target, accumulate = grads.target(value, role)
         if target is not None:
             elementwise.accumulate_into(launcher, target, dy, accumulate)
