@@ -208,7 +208,7 @@ def _batchnorm_forward(launcher, ov, step, mode):
     else:
         batchnorm.batchnorm_apply_saved(launcher, x2d, gamma, beta, ov.read(Role.SAVE_MEAN, at),
                                          ov.read(Role.SAVE_INVSTD, at), eps, y2d, activation=activation,
-                                         residual=residual)
+                                         residual=residual, collectives=ov.ctx.collectives)
 
 
 def _activation_forward(launcher, ov, step, mode):
@@ -556,7 +556,8 @@ def _batchnorm_backward(launcher, ov, grads, values, position, prim, dy):
     saved = ov.read(Role.SAVE_MEAN, at), ov.read(Role.SAVE_INVSTD, at)
     batchnorm.batchnorm_backward(launcher, as_2d(values[prim.inputs[0]]), ov.param(position, Role.WEIGHT), *saved,
                                   as_2d(dy), None if dx is None else as_2d(dx), _dparam(ov, position, Role.WEIGHT),
-                                  _dparam(ov, position, Role.BIAS), accumulate, collectives=ov.ctx.collectives,
+                                  _dparam(ov, position, Role.BIAS), accumulate, eps=prim.param("eps"),
+                                  collectives=ov.ctx.collectives,
                                   scratch=ov.ctx.reduction, beta=ov.param(position, Role.BIAS),
                                   activation=None if gate is None else gate.kind)
 

@@ -1,16 +1,21 @@
 """Batch normalisation on the 2-D view ``(M, C)`` of an fp16 activation; statistics fp32.
 
-Training forward is three steps, so that a convolution can do the first one in its
+Training forward is two steps, so that a convolution can do the first one in its
 epilogue (docs/internals/cuda-path.md, "Fusion in training"):
-1. statistics: per-channel sum and sum of squares into ``save_mean`` / ``save_invstd`` (see the reductions
-   below; a convolution epilogue accumulates them with atomics instead, zeroing them first);
-2. finalize: one thread per channel turns them in place into ``mean`` / ``invstd`` and
-   updates the running statistics (biased variance normalises, unbiased one is tracked);
-3. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise.
+1. statistics: per-channel sum and sum of squares into the saved statistics' two slots (the plan's
+   ``save_mean`` / ``save_invstd``, which hold the raw fp32 sums on this path; see the reductions below; a
+   convolution epilogue accumulates them with atomics instead, zeroing them first);
+2. apply: ``y = (x - mean) * invstd * gamma + beta`` (+ residual) (ReLU or ReLU6), elementwise. Each thread
+   derives ``mean`` and ``invstd`` of its channels from the sums and the row count itself (``_mean_invstd``:
+   the biased variance normalises), and the threads of the first row update the running statistics
+   (``_update_running``: the unbiased variance is tracked, as PyTorch does). No finalize launch sits between.
+Every other reader of the saved statistics (the backward's reduction and ``dx``, the recomputing apply of a
+fused backward) derives them from the sums in the same way, so all agree bit for bit.
 Backward: a reduction of ``dbeta = sum(dy)`` and ``dgamma = sum(dy * xhat)``, then ``dx``; where a ReLU / ReLU6
 followed the apply (no residual), both take that activation's output gradient and gate it themselves (``GATE``).
 Synchronised BN (data parallel, ``cuda_kernels.collective``): the sums of step 1 are summed over
-the replicas before the finalize, which divides by the global count; in the backward, ``dbeta`` and
+the replicas before the apply, whose count is the global one (local rows x replicas; every reader takes
+that count); in the backward, ``dbeta`` and
 ``dgamma`` are summed over the replicas before ``dx`` reads them (``dx`` divides by the global rows),
 then scaled by ``1 / world_size``: the gradient all-reduce (an average) then leaves the mean of the
 replicas' own sums, which is what ``torch.nn.SyncBatchNorm`` under DDP gives ``gamma`` and ``beta``.
@@ -193,23 +198,42 @@ def _batchnorm_stats_vec8(x, sums, sumsq, acc, arrivals, channels, rows_per_bloc
     _reduce_lanes_and_add8(shared, a, b, acc, arrivals, sums, sumsq, c, lane, lanes, columns, active)
 
 
-@kernel("batchnorm_finalize", (F1, F1, F1, F1, I32, F32, F32))
-def _batchnorm_finalize(sum_to_mean, sumsq_to_invstd, running_mean, running_var, count, momentum, eps):
-    for c in range(cuda.grid(1), sum_to_mean.size, cuda.gridsize(1)):
-        n = f32(count)
-        mean = sum_to_mean[c] / n
-        var = max(sumsq_to_invstd[c] / n - mean * mean, ZERO)
-        sum_to_mean[c] = mean
-        sumsq_to_invstd[c] = ONE / math.sqrt(var + eps)
-        unbiased = var * (n / max(n - ONE, ONE))
-        running_mean[c] = (ONE - momentum) * running_mean[c] + momentum * mean
-        running_var[c] = (ONE - momentum) * running_var[c] + momentum * unbiased
+# What the apply's two statistics arrays hold: the running mean and variance (eval), or the batch sum and sum of
+# squares over ``count`` rows (training and the recomputing apply); ``SUMS_UPDATE``: and update the running ones.
+RUNNING, SUMS, SUMS_UPDATE = 0, 1, 2
 
 
 @cuda.jit(device=True)
-def _normalise(x, i, c, mean, spread, gamma, beta, spread_is_var, eps):
-    invstd = ONE / math.sqrt(spread[c] + eps) if spread_is_var else spread[c]
-    return (f32(x[i]) - mean[c]) * invstd * gamma[c] + beta[c]
+def _batch_mean_var(sums, sumsq, c, count):
+    n = f32(count)
+    mean = sums[c] / n
+    return mean, max(sumsq[c] / n - mean * mean, ZERO)
+
+
+@cuda.jit(device=True)
+def _mean_invstd(a, b, c, stats, count, eps):
+    """``(mean, invstd)`` of channel ``c`` from the apply's statistics arrays (``stats``: ``RUNNING`` or sums)."""
+    if stats == RUNNING:
+        mean, var = a[c], b[c]
+    else:
+        mean, var = _batch_mean_var(a, b, c, count)
+    return mean, ONE / math.sqrt(var + eps)
+
+
+@cuda.jit(device=True)
+def _update_running(sums, sumsq, running_mean, running_var, c, count, momentum):
+    """``running = (1 - momentum) * running + momentum * batch``, with the unbiased batch variance (PyTorch's)."""
+    mean, var = _batch_mean_var(sums, sumsq, c, count)
+    n = f32(count)
+    unbiased = var * (n / max(n - ONE, ONE))
+    running_mean[c] = (ONE - momentum) * running_mean[c] + momentum * mean
+    running_var[c] = (ONE - momentum) * running_var[c] + momentum * unbiased
+
+
+@cuda.jit(device=True)
+def _normalise(x, i, c, a, b, gamma, beta, stats, count, eps):
+    mean, invstd = _mean_invstd(a, b, c, stats, count, eps)
+    return (f32(x[i]) - mean) * invstd * gamma[c] + beta[c]
 
 
 # The activation fused into the apply: none, ReLU, or ReLU6 (MobileNetV2's blocks), through the same
@@ -225,30 +249,46 @@ def _clamp(v, clamp):
     return _relu6(v, ZERO, ZERO) if clamp == 2 else _relu(v, ZERO, ZERO)
 
 
-_APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32)
+# (x, a, b, gamma, beta, y, channels, clamp, stats, eps, count, running_mean, running_var, momentum, update): ``a``,
+# ``b`` as ``stats`` says; ``update`` (stats ``SUMS_UPDATE``): the running statistics are updated, once per channel.
+_APPLY = (H1, F1, F1, F1, F1, H1, I32, I32, I32, F32, I32, F1, F1, F32, I32)
 
 
 @kernel("batchnorm_apply", _APPLY)
-def _batchnorm_apply(x, mean, spread, gamma, beta, y, channels, clamp, spread_is_var, eps):
+def _batchnorm_apply(x, a, b, gamma, beta, y, channels, clamp, stats, eps, count, running_mean, running_var,
+                     momentum, update):
+    if update:
+        for c in range(cuda.grid(1), channels, cuda.gridsize(1)):
+            _update_running(a, b, running_mean, running_var, c, count, momentum)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        y[i] = f16(_clamp(_normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps), clamp))
+        y[i] = f16(_clamp(_normalise(x, i, i % channels, a, b, gamma, beta, stats, count, eps), clamp))
 
 
 @kernel("batchnorm_apply_residual", _APPLY[:5] + (H1,) + _APPLY[5:])
-def _batchnorm_apply_residual(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps):
+def _batchnorm_apply_residual(x, a, b, gamma, beta, residual, y, channels, clamp, stats, eps, count, running_mean,
+                              running_var, momentum, update):
+    if update:
+        for c in range(cuda.grid(1), channels, cuda.gridsize(1)):
+            _update_running(a, b, running_mean, running_var, c, count, momentum)
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
-        v = _normalise(x, i, i % channels, mean, spread, gamma, beta, spread_is_var, eps) + f32(residual[i])
+        v = _normalise(x, i, i % channels, a, b, gamma, beta, stats, count, eps) + f32(residual[i])
         y[i] = f16(_clamp(v, clamp))
 
 
 @kernel("batchnorm_apply_vec8", _APPLY)
-def _batchnorm_apply_vec8(x, mean, spread, gamma, beta, y, channels, clamp, spread_is_var, eps):
-    _apply_vec8(x, mean, spread, gamma, beta, x, y, channels, clamp, spread_is_var, eps, False)
+def _batchnorm_apply_vec8(x, a, b, gamma, beta, y, channels, clamp, stats, eps, count, running_mean, running_var,
+                          momentum, update):
+    if update:
+        _update_running_vec8(a, b, running_mean, running_var, channels, count, momentum)
+    _apply_vec8(x, a, b, gamma, beta, x, y, channels, clamp, stats, eps, count, False)
 
 
 @kernel("batchnorm_apply_residual_vec8", _APPLY[:5] + (H1,) + _APPLY[5:])
-def _batchnorm_apply_residual_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps):
-    _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps, True)
+def _batchnorm_apply_residual_vec8(x, a, b, gamma, beta, residual, y, channels, clamp, stats, eps, count,
+                                   running_mean, running_var, momentum, update):
+    if update:
+        _update_running_vec8(a, b, running_mean, running_var, channels, count, momentum)
+    _apply_vec8(x, a, b, gamma, beta, residual, y, channels, clamp, stats, eps, count, True)
 
 
 @cuda.jit(device=True)
@@ -261,7 +301,16 @@ def _channel_lane(channels):
 
 
 @cuda.jit(device=True)
-def _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spread_is_var, eps, with_residual):
+def _update_running_vec8(sums, sumsq, running_mean, running_var, channels, count, momentum):
+    """The running statistics of this thread's channels, by the threads of the first row lane (one per channel)."""
+    c, first, lanes = _channel_lane(channels)
+    if first == 0 and lanes > 0:
+        for k in range(VEC8):
+            _update_running(sums, sumsq, running_mean, running_var, c + k, count, momentum)
+
+
+@cuda.jit(device=True)
+def _apply_vec8(x, a, b, gamma, beta, residual, y, channels, clamp, stats, eps, count, with_residual):
     m = cuda.local.array(VEC8, nbt.float32)
     scale = cuda.local.array(VEC8, nbt.float32)
     shift = cuda.local.array(VEC8, nbt.float32)
@@ -271,8 +320,8 @@ def _apply_vec8(x, mean, spread, gamma, beta, residual, y, channels, clamp, spre
     if first >= lanes:
         return
     for k in range(VEC8):
-        invstd = ONE / math.sqrt(spread[c + k] + eps) if spread_is_var else spread[c + k]
-        m[k], scale[k], shift[k] = mean[c + k], invstd * gamma[c + k], beta[c + k]
+        mean, invstd = _mean_invstd(a, b, c + k, stats, count, eps)
+        m[k], scale[k], shift[k] = mean, invstd * gamma[c + k], beta[c + k]
     for r in range(first, i32(x.size) // channels, lanes):
         i = r * channels + c
         load8(v, x, i)
@@ -303,12 +352,14 @@ def _gated(g, pre, gate):
     return g if y > ZERO and (gate == 1 or y < SIX) else ZERO
 
 
-_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, F1, F1, I1, I32, I32, I32)
+# (x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, acc, arrivals, channels, rows_per_block, gate, count, eps):
+# ``sums`` / ``sumsq`` the forward's batch sums over ``count`` rows (every replica's, with sync BN)
+_BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, F1, F1, I1, I32, I32, I32, I32, F32)
 
 
 @kernel("batchnorm_backward_reduce", _BACKWARD_REDUCE)
-def _batchnorm_backward_reduce(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
-                               rows_per_block, gate):
+def _batchnorm_backward_reduce(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
+                               rows_per_block, gate, count, eps):
     s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
     s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -316,7 +367,7 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, 
     rows = x.size // channels
     a, b = ZERO, ZERO
     if c < channels:
-        m, s = mean[c], invstd[c]
+        m, s = _mean_invstd(sums, sumsq, c, SUMS, count, eps)
         stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
         for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
             xhat = (f32(x[r * channels + c]) - m) * s
@@ -327,8 +378,8 @@ def _batchnorm_backward_reduce(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, 
 
 
 @kernel("batchnorm_backward_reduce_vec8", _BACKWARD_REDUCE)
-def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
-                                    rows_per_block, gate):
+def _batchnorm_backward_reduce_vec8(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
+                                    rows_per_block, gate, count, eps):
     shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
@@ -343,7 +394,7 @@ def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, gamma, beta, dgamma, db
         a[k], b[k] = ZERO, ZERO
     if active:
         for k in range(VEC8):
-            m[k], s[k] = mean[c + k], invstd[c + k]
+            m[k], s[k] = _mean_invstd(sums, sumsq, c + k, SUMS, count, eps)
             scale[k], shift[k] = s[k] * gamma[c + k], beta[c + k]
         start = i32(cuda.blockIdx.y) * rows_per_block
         for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
@@ -357,26 +408,30 @@ def _batchnorm_backward_reduce_vec8(x, dy, mean, invstd, gamma, beta, dgamma, db
     _reduce_lanes_and_add8(shared, a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
 
 
-_BACKWARD_DX = (H1, H1, F1, F1, F1, F1, F1, F1, H1, I32, I32, I32, I32)
+# (x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, dx, channels, accumulate, replicas, gate, eps): the forward's
+# sums and the backward's ``dgamma`` / ``dbeta`` both over ``rows x replicas`` rows
+_BACKWARD_DX = (H1, H1, F1, F1, F1, F1, F1, F1, H1, I32, I32, I32, I32, F32)
 
 
 @kernel("batchnorm_backward_dx", _BACKWARD_DX)
-def _batchnorm_backward_dx(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, dx, channels, accumulate, replicas,
-                           gate):
-    inv_rows = ONE / f32((x.size // channels) * replicas)   # sync BN: dgamma, dbeta are sums over the replicas
+def _batchnorm_backward_dx(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, dx, channels, accumulate, replicas,
+                           gate, eps):
+    count = i32(x.size // channels) * replicas
+    inv_rows = ONE / f32(count)   # sync BN: dgamma, dbeta are sums over the replicas
     for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
         c = i % channels
-        xhat = (f32(x[i]) - mean[c]) * invstd[c]
+        mean, invstd = _mean_invstd(sums, sumsq, c, SUMS, count, eps)
+        xhat = (f32(x[i]) - mean) * invstd
         g = _gated(f32(dy[i]), xhat * gamma[c] + beta[c], gate)
-        v = gamma[c] * invstd[c] * (g - (dbeta[c] + xhat * dgamma[c]) * inv_rows)
+        v = gamma[c] * invstd * (g - (dbeta[c] + xhat * dgamma[c]) * inv_rows)
         if accumulate:
             v += f32(dx[i])
         dx[i] = f16(v)
 
 
 @kernel("batchnorm_backward_dx_vec8", _BACKWARD_DX)
-def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, beta, dgamma, dbeta, dx, channels, accumulate,
-                                replicas, gate):
+def _batchnorm_backward_dx_vec8(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, dx, channels, accumulate,
+                                replicas, gate, eps):
     m = cuda.local.array(VEC8, nbt.float32)
     s = cuda.local.array(VEC8, nbt.float32)
     gs = cuda.local.array(VEC8, nbt.float32)
@@ -392,7 +447,7 @@ def _batchnorm_backward_dx_vec8(x, dy, mean, invstd, gamma, beta, dgamma, dbeta,
     if first >= lanes:
         return
     for k in range(VEC8):
-        m[k], s[k] = mean[c + k], invstd[c + k]
+        m[k], s[k] = _mean_invstd(sums, sumsq, c + k, SUMS, rows * replicas, eps)
         gs[k], kb[k], kg[k] = gamma[c + k] * s[k], dbeta[c + k] * inv_rows, dgamma[c + k] * inv_rows
         sh[k] = beta[c + k]
     for r in range(first, rows, lanes):
@@ -450,12 +505,17 @@ def batchnorm_stats(launcher, x2d, sums, sumsq, scratch=None):
                     acc, arrivals, np.int32(channels), rows_per_block)
 
 
-def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, spread_is_var, eps):
+def _apply(launcher, x2d, a, b, gamma, beta, y2d, activation, residual, stats, eps, count=0, running=None,
+           momentum=0.0):
+    """The apply of ``stats`` (``RUNNING``: ``a``, ``b`` the running mean and variance; else the batch sums over
+    ``count`` rows); ``running``: the ``(mean, var)`` that ``SUMS_UPDATE`` updates."""
     if activation not in CLAMP:
         raise ValueError(f"batchnorm: the fused activation must be one of {sorted(CLAMP, key=str)}, got {activation!r}")
-    head = (flat(x2d), mean, spread, gamma, beta)
-    tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(CLAMP[activation]), np.int32(spread_is_var),
-            np.float32(eps))
+    running_mean, running_var = running if running is not None else (a, b)   # not touched unless updated
+    head = (flat(x2d), a, b, gamma, beta)
+    tail = (flat(y2d), np.int32(tuple(x2d.shape)[-1]), np.int32(CLAMP[activation]), np.int32(stats),
+            np.float32(eps), np.int32(count), running_mean, running_var, np.float32(momentum),
+            np.int32(stats == SUMS_UPDATE))
     if residual is None:
         _launch_per_channel(launcher, _batchnorm_apply, _batchnorm_apply_vec8, x2d, (x2d, y2d), *head, *tail)
     else:
@@ -463,37 +523,41 @@ def _apply(launcher, x2d, mean, spread, gamma, beta, y2d, activation, residual, 
                             (x2d, y2d, residual), *head, flat(residual), *tail)
 
 
-def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var,
+def batchnorm_forward_train(launcher, x2d, gamma, beta, y2d, save_sum, save_sumsq, running_mean, running_var,
                             momentum, eps, activation=None, residual=None, sums_ready=False,
                             collectives=SINGLE_REPLICA, scratch=None):
-    """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``sums_ready``: a convolution epilogue already
-    accumulated the sum / sum of squares of ``x2d`` into ``save_mean`` / ``save_invstd``. ``collectives``: the step's
+    """Training BN (+ residual add) (+ ``activation``: None, "relu" or "relu6"). ``save_sum`` / ``save_sumsq``: the
+    batch sum and sum of squares, what the backward reads (the plan's saved statistics' slots). ``sums_ready``: a
+    convolution epilogue already accumulated them from ``x2d``. ``collectives``: the step's
     (``cuda_kernels.collective``); with ``sync_batchnorm`` the statistics are those of every replica's batch.
-    ``scratch``: the reductions' ``ReductionScratch`` (``DEFAULT_SCRATCH`` if None)."""
+    ``scratch``: the reductions' ``ReductionScratch`` (``DEFAULT_SCRATCH`` if None). The running statistics are
+    updated by the apply (no launch of their own)."""
     channels = tuple(x2d.shape)[-1]
     if not sums_ready:
-        batchnorm_stats(launcher, x2d, save_mean, save_invstd, scratch)
-    replicas = collectives.batchnorm_sums(launcher, "bn_statistics", save_mean, save_invstd)
-    launcher.launch(_batchnorm_finalize, *grid_1d(channels), save_mean, save_invstd, running_mean, running_var,
-                    np.int32(x2d.size // channels * replicas), np.float32(momentum), np.float32(eps))
-    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
+        batchnorm_stats(launcher, x2d, save_sum, save_sumsq, scratch)
+    replicas = collectives.batchnorm_sums(launcher, "bn_statistics", save_sum, save_sumsq)
+    _apply(launcher, x2d, save_sum, save_sumsq, gamma, beta, y2d, activation, residual, SUMS_UPDATE, eps,
+           x2d.size // channels * replicas, (running_mean, running_var), momentum)
 
 
 def batchnorm_forward_eval(launcher, x2d, gamma, beta, running_mean, running_var, eps, y2d, activation=None,
                            residual=None):
-    _apply(launcher, x2d, running_mean, running_var, gamma, beta, y2d, activation, residual, True, eps)
+    _apply(launcher, x2d, running_mean, running_var, gamma, beta, y2d, activation, residual, RUNNING, eps)
 
 
-def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_mean, save_invstd, eps, y2d, activation=None,
-                          residual=None):
-    """Training BN's output again from the saved batch statistics (the recomputation of a fused backward)."""
-    _apply(launcher, x2d, save_mean, save_invstd, gamma, beta, y2d, activation, residual, False, eps)
+def batchnorm_apply_saved(launcher, x2d, gamma, beta, save_sum, save_sumsq, eps, y2d, activation=None,
+                          residual=None, collectives=SINGLE_REPLICA):
+    """Training BN's output again from the saved batch sums (the recomputation of a fused backward)."""
+    count = x2d.size // tuple(x2d.shape)[-1] * collectives.batchnorm_replicas()
+    _apply(launcher, x2d, save_sum, save_sumsq, gamma, beta, y2d, activation, residual, SUMS, eps, count)
 
 
-def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d, dgamma, dbeta, accumulate,
+def batchnorm_backward(launcher, x2d, gamma, save_sum, save_sumsq, dy2d, dx2d, dgamma, dbeta, accumulate, *, eps,
                        collectives=SINGLE_REPLICA, scratch=None, beta=None, activation=None):
-    """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. With ``sync_batchnorm``
-    ``dx`` uses the sums of every replica (see the module header); without ``dx`` there is nothing to synchronise.
+    """``dgamma``, ``dbeta`` are overwritten; ``dx2d`` (or None) overwritten or accumulated. ``save_sum`` /
+    ``save_sumsq``: the forward's batch sums (``batchnorm_forward_train``), from which both kernels derive the
+    mean and invstd (with ``eps``). With ``sync_batchnorm`` they and ``dx`` use the sums of every replica (see the
+    module header); without ``dx`` there is nothing to synchronise.
     ``activation`` (a key of ``GATE``; needs ``beta``): ``dy2d`` is the gradient of that activation's output, applied
     to this BN's output without a residual, and is gated here (the activation's backward is not launched)."""
     if activation not in GATE or (activation is not None and beta is None):
@@ -504,14 +568,15 @@ def batchnorm_backward(launcher, x2d, gamma, save_mean, save_invstd, dy2d, dx2d,
     vector = vectorisable(channels, VEC8, x2d, dy2d)
     grid, block, rows_per_block = _reduction_grid(x2d.size // channels, channels, vector)
     acc, arrivals = (scratch or DEFAULT_SCRATCH).views(dgamma, channels, grid[0])
+    count = x2d.size // channels * collectives.batchnorm_replicas()
     launcher.launch(_batchnorm_backward_reduce_vec8 if vector else _batchnorm_backward_reduce, grid, block,
-                    flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, beta, dgamma, dbeta, acc, arrivals,
-                    np.int32(channels), rows_per_block, gate)
+                    flat(x2d), flat(dy2d), save_sum, save_sumsq, gamma, beta, dgamma, dbeta, acc, arrivals,
+                    np.int32(channels), rows_per_block, gate, np.int32(count), np.float32(eps))
     if dx2d is None:
         return
     replicas = collectives.batchnorm_sums(launcher, "bn_gradient_sums", dgamma, dbeta)
     _launch_per_channel(launcher, _batchnorm_backward_dx, _batchnorm_backward_dx_vec8, x2d, (x2d, dy2d, dx2d),
-                        flat(x2d), flat(dy2d), save_mean, save_invstd, gamma, beta, dgamma, dbeta, flat(dx2d),
-                        np.int32(channels), np.int32(accumulate), np.int32(replicas), gate)
+                        flat(x2d), flat(dy2d), save_sum, save_sumsq, gamma, beta, dgamma, dbeta, flat(dx2d),
+                        np.int32(channels), np.int32(accumulate), np.int32(replicas), gate, np.float32(eps))
     if replicas > 1:
         launcher.launch(_batchnorm_replica_share, *grid_1d(channels), dgamma, dbeta, np.float32(1.0 / replicas))

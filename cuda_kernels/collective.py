@@ -11,9 +11,10 @@ supports stream capture; nccl4py takes the cuda.core ``GraphBuilder`` as the str
 With ``sync_batchnorm`` (``torch.nn.SyncBatchNorm`` semantics), every training BatchNorm adds
 all-reduces (sum) of its per-channel fp32 sums, on the same stream and so inside the same graph: in
 the forward, of the batch sum and sum of squares, after their accumulation (a convolution's epilogue
-or the BN statistics kernel) and before the finalize, which then divides by the global count (the
+or the BN statistics kernel) and before the apply, which then divides by the global count (the
 local rows times the world size: every replica steps the same batch size, which the sampler's padding
-guarantees); in the backward, of ``sum(dy)`` and ``sum(dy * xhat)`` after their reduction and before
+guarantees; every later reader of the saved sums takes that count, ``batchnorm_replicas``); in the
+backward, of ``sum(dy)`` and ``sum(dy * xhat)`` after their reduction and before
 the input gradient reads them (``cuda_kernels.batchnorm``). Two all-reduces per BN layer and
 direction: the planner gives each buffer its own 256-byte-aligned slot, so the two are in general not
 adjacent (one NCCL group call around them would make them one launch; not done yet).
@@ -69,7 +70,12 @@ class StepCollectives:
     def batchnorm_sums(self, launcher, what: str, *sums) -> int:
         """Between a BatchNorm's per-channel fp32 ``sums`` and their first reader: with ``sync_batchnorm``,
         each summed over the replicas in place. Returns how many replicas' rows the sums then hold."""
-        return 1
+        return self.batchnorm_replicas()
+
+    def batchnorm_replicas(self) -> int:
+        """How many replicas' rows a BatchNorm's synchronised sums hold: what a reader of the forward's saved sums
+        divides by (with the local rows), before or after ``batchnorm_sums``."""
+        return self.world_size if self.sync_batchnorm else 1
 
 
 SINGLE_REPLICA = StepCollectives()
@@ -83,11 +89,10 @@ class ReducingCollectives(StepCollectives):
         launcher.add(CollectiveEntry(f"all_reduce_max_{OVERFLOW}", "max", flag, self))
 
     def batchnorm_sums(self, launcher, what: str, *sums) -> int:
-        if not self.sync_batchnorm:
-            return 1
-        for buffer in sums:
-            launcher.add(CollectiveEntry(f"all_reduce_sum_{what}", "sum", buffer, self))
-        return self.world_size
+        if self.sync_batchnorm:
+            for buffer in sums:
+                launcher.add(CollectiveEntry(f"all_reduce_sum_{what}", "sum", buffer, self))
+        return self.batchnorm_replicas()
 
     def all_reduce(self, buffer, op: str, stream) -> None:
         raise NotImplementedError

@@ -111,37 +111,42 @@ class _PeerWithZeroGradient(StepCollectives):
     def batchnorm_sums(self, launcher, what, *sums):
         return self.world_size
 
+    def batchnorm_replicas(self):
+        return self.world_size
+
 
 def batchnorm_case(mem, rng, rows, channels, direction):
     """``direction``: "fwd", "bwd", or "bwd sync" (``_PeerWithZeroGradient``: the spec over both shards)."""
     (hx, x), (hg, gamma) = mem.random(rng, (rows, channels), np.float16), mem.random(rng, channels, np.float32)
     (hb, beta), y = mem.random(rng, channels, np.float32), mem.output((rows, channels), np.float16)
-    mean, invstd = mem.output(channels, np.float32), mem.output(channels, np.float32)
+    sums, sumsq = mem.output(channels, np.float32), mem.output(channels, np.float32)   # the saved statistics
     rm, rv = mem.constant(np.zeros(channels, np.float32)), mem.constant(np.ones(channels, np.float32))
     if direction == "fwd":
         def expected():
-            ry, rmean, rinv, _, _ = ref.batchnorm_forward_train(f32(hx), hg, hb, np.zeros(channels), np.ones(channels),
-                                                                0.1, 1e-5)
-            return {"y": (np.maximum(ry, 0), "fp16"), "mean": (rmean, "stats"), "invstd": (rinv, "stats")}
-        return Case(lambda t: batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, mean, invstd, rm, rv, 0.1,
+            ry, _, _, _, _ = ref.batchnorm_forward_train(f32(hx), hg, hb, np.zeros(channels), np.ones(channels),
+                                                         0.1, 1e-5)
+            return {"y": (np.maximum(ry, 0), "fp16"), "sum": (f32(hx).sum(0), "stats"),
+                    "sum of squares": ((f32(hx) ** 2).sum(0), "stats")}
+        return Case(lambda t: batchnorm.batchnorm_forward_train(t, x, gamma, beta, y, sums, sumsq, rm, rv, 0.1,
                                                                  1e-5, activation="relu"),
-                    {"y": y, "mean": mean, "invstd": invstd}, expected, 0, 3 * 2 * x.size)
+                    {"y": y, "sum": sums, "sum of squares": sumsq}, expected, 0, 3 * 2 * x.size)
     hmean, hinv = hx.astype(np.float32).mean(0), 1 / np.sqrt(hx.astype(np.float32).var(0) + 1e-5)
     hdy, dy = mem.random(rng, (rows, channels), np.float16)
     dx, dgamma, dbeta = mem.output((rows, channels), np.float16), mem.output(channels, np.float32), mem.output(
         channels, np.float32)
-    smean, sinv = mem.constant(hmean.astype(np.float32)), mem.constant(hinv.astype(np.float32))
 
     synced = direction == "bwd sync"
     collectives = _PeerWithZeroGradient() if synced else StepCollectives()
+    shards = 2 if synced else 1   # the peer's shard: any x (its dy is 0), here this one's: the global sums
+    ssum = mem.constant((f32(hx).sum(0) * shards).astype(np.float32))
+    ssumsq = mem.constant(((f32(hx) ** 2).sum(0) * shards).astype(np.float32))
 
     def expected():
-        shards = 2 if synced else 1   # the peer's shard: any x (its dy is 0), here this one's
         rdx, rdg, rdb = ref.batchnorm_backward(np.concatenate([f32(hx)] * shards), hg, hmean, hinv,
                                                np.concatenate([f32(hdy)] + [np.zeros_like(f32(hdy))] * (shards - 1)))
         return {"dx": (rdx[:rows], "fp16"), "dgamma": (rdg / shards, "fp32"), "dbeta": (rdb / shards, "fp32")}
-    return Case(lambda t: batchnorm.batchnorm_backward(t, x, gamma, smean, sinv, dy, dx, dgamma, dbeta, False,
-                                                        collectives=collectives),
+    return Case(lambda t: batchnorm.batchnorm_backward(t, x, gamma, ssum, ssumsq, dy, dx, dgamma, dbeta, False,
+                                                        eps=1e-5, collectives=collectives),
                 {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}, expected, 0, 5 * 2 * x.size)
 
 

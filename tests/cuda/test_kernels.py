@@ -173,6 +173,22 @@ def case_fill_zero_ranges(rng):
 
 
 # ---------------------------------------------------------------------------- batchnorm
+# The CUDA path saves a training BN's batch sum and sum of squares (fp32; every reader derives the mean and invstd)
+
+def sums_of(x):
+    """The saved statistics as the CUDA path keeps them: per-channel sum and sum of squares of ``x``, in fp32."""
+    return f64(x).sum(0).astype(np.float32), (f64(x) ** 2).sum(0).astype(np.float32)
+
+
+def mean_invstd_of(x, eps=1e-5):
+    """The spec's batch statistics of ``x`` (biased variance), in float64."""
+    return f64(x).mean(0), 1 / np.sqrt(f64(x).var(0) + eps)
+
+
+def check_sums(sums, x):
+    check("sum", sums[0], f64(x).sum(0), "stats")
+    check("sum of squares", sums[1], (f64(x) ** 2).sum(0), "stats")
+
 
 def case_batchnorm_train(rng, activation, with_residual, m=24, c=5):
     momentum, eps = 0.1, 1e-5
@@ -180,18 +196,18 @@ def case_batchnorm_train(rng, activation, with_residual, m=24, c=5):
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
     res = half(rng, (m, c))
-    y, mean, invstd = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32)
+    y, sums = garbage((m, c), np.float16), (garbage(c, np.float32), garbage(c, np.float32))
     d_rm, d_rv = dev(rm), dev(rv)
     run(lambda t: batchnorm.batchnorm_forward_train(
-        t, dev(x), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv, momentum, eps,
+        t, dev(x), dev(gamma), dev(beta), y, *sums, d_rm, d_rv, momentum, eps,
         activation=activation, residual=dev(res) if with_residual else None))
-    y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
-        f64(x), f64(gamma), f64(beta), f64(rm), f64(rv), momentum, eps)
+    y_ref, _, _, rm_ref, rv_ref = ref.batchnorm_forward_train(f64(x), f64(gamma), f64(beta), f64(rm), f64(rv),
+                                                              momentum, eps)
     y_ref = y_ref + (f64(res) if with_residual else 0)
     clamped = {None: y_ref, "relu": np.maximum(y_ref, 0), "relu6": np.clip(y_ref, 0, 6)}[activation]
     check("y", y, clamped, "fp16")
-    for label, got, expected in [("mean", mean, mean_ref), ("invstd", invstd, invstd_ref),
-                                 ("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
+    check_sums(sums, x)
+    for label, got, expected in [("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
         check(label, got, expected, "stats")
 
 
@@ -210,12 +226,10 @@ def case_batchnorm_eval(rng, m=10, c=6):
 def case_batchnorm_backward(rng, accumulate, m=40, c=3):
     x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
     gamma = rng.standard_normal(c).astype(np.float32)
-    mean = x.astype(np.float32).mean(0)
-    invstd = (1 / np.sqrt(x.astype(np.float32).var(0) + 1e-5)).astype(np.float32)
     dx, dgamma, dbeta = dev(dx0), garbage(c, np.float32), garbage(c, np.float32)
-    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), dev(mean), dev(invstd), dev(dy), dx,
-                                                dgamma, dbeta, accumulate))
-    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), f64(mean), f64(invstd), f64(dy))
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), *map(dev, sums_of(x)), dev(dy), dx,
+                                                dgamma, dbeta, accumulate, eps=1e-5))
+    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), *mean_invstd_of(x), f64(dy))
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("dgamma", dgamma, dgamma_ref, "fp32")
     check("dbeta", dbeta, dbeta_ref, "fp32")
@@ -226,11 +240,11 @@ def case_batchnorm_backward_gated(rng, activation, accumulate, m=40, c=3):
     the spec is the activation's backward on the apply's fp16 output, then the plain BN backward."""
     x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
     gamma, beta = (rng.standard_normal(c) * 4).astype(np.float32), rng.standard_normal(c).astype(np.float32)
-    mean = x.astype(np.float32).mean(0)
-    invstd = (1 / np.sqrt(x.astype(np.float32).var(0) + 1e-5)).astype(np.float32)
+    mean, invstd = mean_invstd_of(x)
     dx, dgamma, dbeta = dev(dx0), garbage(c, np.float32), garbage(c, np.float32)
-    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), dev(mean), dev(invstd), dev(dy), dx,
-                                                dgamma, dbeta, accumulate, beta=dev(beta), activation=activation))
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), *map(dev, sums_of(x)), dev(dy), dx,
+                                                dgamma, dbeta, accumulate, eps=1e-5, beta=dev(beta),
+                                                activation=activation))
     y = OPS[activation].reference_forward(f64(half_of((f64(x) - mean) * invstd * gamma + beta)))   # the apply's
     gated = OPS[activation].reference_backward(y, f64(dy))
     assert 0 < np.count_nonzero(gated == 0) < gated.size - np.count_nonzero(dy == 0)   # both sides of the gate
@@ -252,18 +266,17 @@ def case_batchnorm_scratch_reuse(rng, c):
     dy = half(rng, (34, c))
     sums = [(garbage(c, np.float32), garbage(c, np.float32)) for _ in xs]
     dgamma, dbeta = garbage(c, np.float32), garbage(c, np.float32)
-    mean, invstd = f64(xs[1]).mean(0).astype(np.float32), (1 / f64(xs[1]).std(0)).astype(np.float32)
 
     def record(t):
         for x, (s, q) in zip(xs, sums):
             batchnorm.batchnorm_stats(t, dev(x), s, q, scratch)
-        batchnorm.batchnorm_backward(t, dev(xs[1]), dev(np.ones(c, np.float32)), dev(mean), dev(invstd), dev(dy),
-                                     None, dgamma, dbeta, False, scratch=scratch)
+        batchnorm.batchnorm_backward(t, dev(xs[1]), dev(np.ones(c, np.float32)), *sums[1], dev(dy), None, dgamma,
+                                     dbeta, False, eps=0.0, scratch=scratch)
     run(record)
     for i, (x, (s, q)) in enumerate(zip(xs, sums)):
         check(f"sum {i}", s, f64(x).sum(0), "stats")
         check(f"sum of squares {i}", q, (f64(x) ** 2).sum(0), "stats")
-    _, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(xs[1]), np.ones(c), f64(mean), f64(invstd), f64(dy))
+    _, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(xs[1]), np.ones(c), *mean_invstd_of(xs[1], 0.0), f64(dy))
     check("dgamma", dgamma, dgamma_ref, "stats")
     check("dbeta", dbeta, dbeta_ref, "stats")
     check("accumulator left at zero", scratch.acc, np.zeros(scratch.acc.size, np.float32), "exact")
@@ -294,21 +307,20 @@ def case_batchnorm_synced(rng):
     both, dy_both = np.concatenate([x0, x1]), np.concatenate([dy0, dy1])
     y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
         f64(both), f64(gamma), f64(beta), f64(rm), f64(rv), momentum, eps)
-    y, mean, invstd, d_rm, d_rv = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32), \
+    y, sums, d_rm, d_rv = garbage((m, c), np.float16), (garbage(c, np.float32), garbage(c, np.float32)), \
         dev(rm), dev(rv)
     forward = _OtherShard([f64(x1).sum(0), (f64(x1) ** 2).sum(0)])
-    run(lambda t: batchnorm.batchnorm_forward_train(t, dev(x0), dev(gamma), dev(beta), y, mean, invstd, d_rm, d_rv,
+    run(lambda t: batchnorm.batchnorm_forward_train(t, dev(x0), dev(gamma), dev(beta), y, *sums, d_rm, d_rv,
                                                      momentum, eps, collectives=forward))
     check("y", y, y_ref[:m], "fp16")
-    for label, got, expected in [("mean", mean, mean_ref), ("invstd", invstd, invstd_ref),
-                                 ("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
+    check_sums(sums, both)   # the global sums, which the backward reads
+    for label, got, expected in [("running_mean", d_rm, rm_ref), ("running_var", d_rv, rv_ref)]:
         check(label, got, expected, "stats")
     xhat1 = (f64(x1) - mean_ref) * invstd_ref
     backward = _OtherShard([(f64(dy1) * xhat1).sum(0), f64(dy1).sum(0)])   # dgamma's sums, then dbeta's
     dx, dgamma, dbeta = garbage((m, c), np.float16), garbage(c, np.float32), garbage(c, np.float32)
-    run(lambda t: batchnorm.batchnorm_backward(t, dev(x0), dev(gamma), dev(mean_ref.astype(np.float32)),
-                                                dev(invstd_ref.astype(np.float32)), dev(dy0), dx, dgamma, dbeta, False,
-                                                collectives=backward))
+    run(lambda t: batchnorm.batchnorm_backward(t, dev(x0), dev(gamma), *map(dev, sums_of(both)), dev(dy0), dx,
+                                                dgamma, dbeta, False, eps=eps, collectives=backward))
     dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(both), f64(gamma), mean_ref, invstd_ref, f64(dy_both))
     check("dx", dx, dx_ref[:m], "fp16")
     check("dgamma", dgamma, dgamma_ref / 2, "stats")   # the gradient all-reduce averages it with the other's
@@ -400,7 +412,8 @@ def case_conv(rng, config, with_stats, accumulate, with_dx=True):
 
 
 def case_conv_bn_relu_fused(rng):
-    """Conv with the BN-statistics epilogue, then BN finalize + apply + ReLU: the fused CBR forward."""
+    """Conv with the BN-statistics epilogue, then the BN apply (which derives the statistics from the sums and
+    updates the running ones) + ReLU: the fused CBR forward."""
     n, h, w_, cin, cout = 2, 4, 4, 3, 6
     x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, 3, 3, cin), 0.5)
     gamma, beta = rng.standard_normal(cout).astype(np.float32), rng.standard_normal(cout).astype(np.float32)
@@ -415,11 +428,11 @@ def case_conv_bn_relu_fused(rng):
                                            activation="relu", sums_ready=True)
     run(record)
     stored = f64(conv_out.copy_to_host()).reshape(-1, cout)
-    y_ref, mean_ref, invstd_ref, rm_ref, rv_ref = ref.batchnorm_forward_train(
+    y_ref, _, _, rm_ref, rv_ref = ref.batchnorm_forward_train(
         stored, f64(gamma), f64(beta), f64(rm), f64(rv), 0.1, 1e-5)
     check("y", y, np.maximum(y_ref, 0).reshape(n, h, w_, cout), "fp16")
-    check("mean", mean, mean_ref, "stats")
-    check("invstd", invstd, invstd_ref, "stats")
+    check_sums((mean, invstd), stored)
+    check("running_mean", d_rm, rm_ref, "stats")
     check("running_var", d_rv, rv_ref, "stats")
 
 

@@ -106,7 +106,8 @@ def record_step(launcher, v):
     elementwise.dropout_backward(launcher, v["mask"], v["d_drop_out"], v["d_bn_out"], P, False)
     elementwise.activation_backward(launcher, Prim.RELU, v["bn_out"], v["d_bn_out"], v["d_bn_out"])
     batchnorm.batchnorm_backward(launcher, flat("conv_out"), v["bn_gamma"], v["save_mean"], v["save_invstd"],
-                                  flat("d_bn_out"), flat("d_conv_out"), v["d_bn_gamma"], v["d_bn_beta"], False)
+                                  flat("d_bn_out"), flat("d_conv_out"), v["d_bn_gamma"], v["d_bn_beta"], False,
+                                  eps=1e-5)
     _conv.conv2d_backward(launcher, v["x"], v["conv_w16"], v["d_conv_out"], None, v["d_conv_w"], 1, 1, 1, False)
     optim.check_overflow(launcher, v["grads"], v["found_inf"])
     optim.sgd_step(launcher, v["params"], v["grads"], v["momentum"], v["lr"], v["step"], v["loss_scale"],

@@ -96,8 +96,9 @@ def _neighbours(entries, i):
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 def test_each_bn_all_reduces_its_sums_after_their_accumulation_and_before_their_first_reader(fuse):
-    """Forward: after the sums (conv epilogue or BN statistics kernel), before the finalize, whose count
-    is the global one; backward: after the reduction, before dx; all inside the captured segment."""
+    """Forward: after the sums (conv epilogue or BN statistics kernel), before the apply, whose count (the
+    rows its mean and variance divide by) is the global one, as is the backward reduction's, which derives them
+    again from the same sums; backward: after the reduction, before dx; all inside the captured segment."""
     collectives = RecordingCollectives(world_size=WORLD, sync_batchnorm=True)
     ex = _executor(SHARD, collectives, fuse)
     tape = ex._runner("train", "train").tape
@@ -108,12 +109,16 @@ def test_each_bn_all_reduces_its_sums_after_their_accumulation_and_before_their_
     for i in forward:
         writer, reader = _neighbours(entries, i)
         assert any(name in writer for name in STATISTICS_KERNELS), (i, writer)
-        assert reader == "batchnorm_finalize", (i, reader)
+        assert reader in ("batchnorm_apply", "batchnorm_apply_residual"), (i, reader)
     for i in backward:
         assert _neighbours(entries, i) == ("batchnorm_backward_reduce", "batchnorm_backward_dx"), i
     rows = SHARD * HWC[0] * HWC[1]
-    counts = {int(e.args[4]) for e in entries if e.name == "batchnorm_finalize"}
-    assert counts == {rows * WORLD}, counts
+    applies = [e for e in entries if one_element_name(e.name) in ("batchnorm_apply", "batchnorm_apply_residual")]
+    updating = [e for e in applies if int(e.args[-1])]   # the training applies: they update the running statistics
+    assert len(updating) == BN_LAYERS and {int(e.args[-5]) for e in applies} == {rows * WORLD}, \
+        [(e.name, int(e.args[-5]), int(e.args[-1])) for e in applies]
+    reduces = [e for e in entries if one_element_name(e.name) == "batchnorm_backward_reduce"]
+    assert len(reduces) == BN_LAYERS and {int(e.args[-2]) for e in reduces} == {rows * WORLD}
     shares = [e for e in entries if e.name == "batchnorm_replica_share"]
     assert len(shares) == BN_LAYERS and {float(e.args[2]) for e in shares} == {1.0 / WORLD}
     assert max(backward) < [e.name for e in entries].index("all_reduce_avg_grads")
