@@ -14,7 +14,8 @@ fusions of docs/internals/cuda-path.md ("Fusion in training") where its schedule
   fused apply, only where a backward kernel reads them; then each primitive's backward runs
   in reverse order, gradients of internal values in the op's ``grad<v>`` workspaces; a ReLU / ReLU6
   applied straight to a BN output (no residual) has no launch of its own: the BN backward gates its
-  output gradient, recomputing the gate from the BN input (``_batchnorm_gates``).
+  output gradient, recomputing the gate from the BN input (``_batchnorm_gates``); a residual add's
+  backward copies nothing where its inputs can share its output gradient (``_shared_sum_gradients``).
 
 Each primitive's forward and backward launch is registered against its ``Prim`` in the CUDA kernel
 table (``cuda_kernels._table.CUDA``; activations from ``elementwise.pointwise``); the chain above only
