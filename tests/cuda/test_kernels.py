@@ -190,8 +190,8 @@ def check_sums(sums, x):
     check("sum of squares", sums[1], (f64(x) ** 2).sum(0), "stats")
 
 
-def case_batchnorm_train(rng, activation, with_residual, m=24, c=5):
-    momentum, eps = 0.1, 1e-5
+def case_batchnorm_train(rng, activation, with_residual, m=24, c=5, eps=1e-5):
+    momentum = 0.1
     x = half(rng, (m, c), 2.0) + np.float16(0.5)
     gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
     rm, rv = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.5
@@ -223,13 +223,13 @@ def case_batchnorm_eval(rng, m=10, c=6):
           "fp16")
 
 
-def case_batchnorm_backward(rng, accumulate, m=40, c=3):
+def case_batchnorm_backward(rng, accumulate, m=40, c=3, eps=1e-5):
     x, dy, dx0 = half(rng, (m, c), 2.0), half(rng, (m, c)), half(rng, (m, c))
     gamma = rng.standard_normal(c).astype(np.float32)
     dx, dgamma, dbeta = dev(dx0), garbage(c, np.float32), garbage(c, np.float32)
     run(lambda t: batchnorm.batchnorm_backward(t, dev(x), dev(gamma), *map(dev, sums_of(x)), dev(dy), dx,
-                                                dgamma, dbeta, accumulate, eps=1e-5))
-    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), *mean_invstd_of(x), f64(dy))
+                                                dgamma, dbeta, accumulate, eps=eps))
+    dx_ref, dgamma_ref, dbeta_ref = ref.batchnorm_backward(f64(x), f64(gamma), *mean_invstd_of(x, eps), f64(dy))
     check("dx", dx, dx_ref + (f64(dx0) if accumulate else 0), "fp16")
     check("dgamma", dgamma, dgamma_ref, "fp32")
     check("dbeta", dbeta, dbeta_ref, "fp32")
@@ -569,6 +569,10 @@ CASES = [
     pytest.param(case_batchnorm_eval, {}, id="bn-eval-relu"),
     pytest.param(case_batchnorm_backward, dict(accumulate=False), id="bn-backward"),
     pytest.param(case_batchnorm_backward, dict(accumulate=True), id="bn-backward-accumulate"),
+    # an eps that moves invstd well past the fp16 tolerance: the statistics derived from the sums use the BN's eps
+    pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False, eps=0.5), id="bn-train-eps"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=False, eps=0.5), id="bn-backward-eps"),
+    pytest.param(case_batchnorm_backward, dict(accumulate=False, m=37, c=24, eps=0.5), id="bn-backward-eps-vec8"),
     pytest.param(case_batchnorm_synced, {}, id="bn-synced"),
     pytest.param(case_batchnorm_backward_gated, dict(activation="relu", accumulate=False), id="bn-backward-relu"),
     pytest.param(case_batchnorm_backward_gated, dict(activation="relu6", accumulate=True, m=33, c=5),
