@@ -328,8 +328,7 @@ def record_optimizer(launcher, ctx, op):
     optim.check_overflow(launcher, r["grads"], s["overflow"])
     ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
     update(launcher, ctx.optimizer, s, r)
-    optim.update_loss_scale(launcher, s["overflow"], s["loss_scale"], s["good_steps"])
-    optim.advance_counters(launcher, s["overflow"], s["step"], s["iteration"])
+    optim.finish_step(launcher, s["overflow"], s["loss_scale"], s["good_steps"], s["step"], s["iteration"])
     elementwise.cast_f32_to_f16(launcher, r["params"], r["weights16"])
 
 

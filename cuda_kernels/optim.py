@@ -10,7 +10,8 @@ gradients are ``loss_scale`` times the true ones) and ``found_inf`` (int32 flag)
 Dynamic loss scaling is PyTorch's ``GradScaler``: ``check_overflow`` sets ``found_inf``
 if any gradient is inf/nan; the optimizer then skips the whole update;
 ``update_loss_scale`` halves the scale on overflow and doubles it after
-``growth_interval`` clean steps in a row; ``advance_counters`` counts the step.
+``growth_interval`` clean steps in a row; ``advance_counters`` counts the step (a recorded step runs the two
+as one launch, ``finish_step``).
 
 Where the region's length is a multiple of 4 and every array is 16-byte aligned, the ``_vec4`` kernels move
 4 fp32 per access (``cuda_kernels.vector``), through the same per-element update as the scalar ones.
@@ -145,27 +146,45 @@ def _check_overflow_vec4(g, found_inf):
                 found_inf[0] = 1
 
 
+@cuda.jit(device=True)
+def _scale_update(found_inf, loss_scale, growth_tracker, growth_factor, backoff_factor, growth_interval):
+    if found_inf[0] != 0:
+        loss_scale[0] *= backoff_factor
+        growth_tracker[0] = 0
+    elif growth_tracker[0] + 1 == growth_interval:
+        grown = loss_scale[0] * growth_factor
+        if not math.isinf(grown):
+            loss_scale[0] = grown
+        growth_tracker[0] = 0
+    else:
+        growth_tracker[0] += 1
+
+
+@cuda.jit(device=True)
+def _count(found_inf, step, iteration):
+    iteration[0] += 1
+    if found_inf[0] == 0:
+        step[0] += 1
+
+
 @kernel("update_loss_scale", (I1, F1, I1, F32, F32, I32))
 def _update_loss_scale(found_inf, loss_scale, growth_tracker, growth_factor, backoff_factor, growth_interval):
     if cuda.grid(1) == 0:
-        if found_inf[0] != 0:
-            loss_scale[0] *= backoff_factor
-            growth_tracker[0] = 0
-        elif growth_tracker[0] + 1 == growth_interval:
-            grown = loss_scale[0] * growth_factor
-            if not math.isinf(grown):
-                loss_scale[0] = grown
-            growth_tracker[0] = 0
-        else:
-            growth_tracker[0] += 1
+        _scale_update(found_inf, loss_scale, growth_tracker, growth_factor, backoff_factor, growth_interval)
 
 
 @kernel("advance_counters", (I1, I1, I1))
 def _advance_counters(found_inf, step, iteration):
     if cuda.grid(1) == 0:
-        iteration[0] += 1
-        if found_inf[0] == 0:
-            step[0] += 1
+        _count(found_inf, step, iteration)
+
+
+@kernel("finish_step", (I1, F1, I1, I1, I1, F32, F32, I32))
+def _finish_step(found_inf, loss_scale, growth_tracker, step, iteration, growth_factor, backoff_factor,
+                 growth_interval):
+    if cuda.grid(1) == 0:
+        _scale_update(found_inf, loss_scale, growth_tracker, growth_factor, backoff_factor, growth_interval)
+        _count(found_inf, step, iteration)
 
 
 def sgd_step(launcher, p, g, buf, lr, step, loss_scale, found_inf, momentum, dampening, nesterov, weight_decay):
@@ -196,3 +215,10 @@ def update_loss_scale(launcher, found_inf, loss_scale, growth_tracker, growth_fa
 def advance_counters(launcher, found_inf, step, iteration):
     """``iteration += 1`` always (dropout draws per iteration); ``step += 1`` unless the update was skipped."""
     launcher.launch(_advance_counters, 1, 1, found_inf, step, iteration)
+
+
+def finish_step(launcher, found_inf, loss_scale, growth_tracker, step, iteration, growth_factor=GROWTH_FACTOR,
+                backoff_factor=BACKOFF_FACTOR, growth_interval=GROWTH_INTERVAL):
+    """``update_loss_scale`` then ``advance_counters`` in one launch (a recorded step's last scalar work)."""
+    launcher.launch(_finish_step, 1, 1, found_inf, loss_scale, growth_tracker, step, iteration,
+                    np.float32(growth_factor), np.float32(backoff_factor), np.int32(growth_interval))

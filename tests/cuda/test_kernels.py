@@ -522,7 +522,8 @@ def case_check_overflow(rng, n=70):
         check(f"found_inf with {bad}", flag, [expected], "exact")
 
 
-def case_update_loss_scale(rng):
+def case_update_loss_scale(rng, merged=False):
+    """The loss-scale update and the counters: two launches, or ``finish_step``'s one (what a recorded step runs)."""
     scale, tracker = dev(np.array([2.0 ** 16], np.float32)), dev(np.zeros(1, np.int32))
     step, iteration = dev(np.zeros(1, np.int32)), dev(np.zeros(1, np.int32))
     expected_scale, expected_tracker, expected_step = 2.0 ** 16, 0, 0
@@ -530,6 +531,9 @@ def case_update_loss_scale(rng):
         flag = dev(np.array([overflow], np.int32))
 
         def record(t):
+            if merged:
+                optim.finish_step(t, flag, scale, tracker, step, iteration, growth_interval=3)
+                return
             optim.update_loss_scale(t, flag, scale, tracker, growth_interval=3)
             optim.advance_counters(t, flag, step, iteration)
         run(record)
@@ -543,6 +547,7 @@ def case_update_loss_scale(rng):
         check(f"scale after step {i}", scale, [expected_scale], "exact")
         check(f"tracker after step {i}", tracker, [expected_tracker], "exact")
         check(f"step after step {i}", step, [expected_step], "exact")
+        check(f"iteration after step {i}", iteration, [i + 1], "exact")
         check(f"iteration after step {i}", iteration, [i + 1], "exact")
 
 
@@ -632,6 +637,7 @@ CASES = [
     pytest.param(case_check_overflow, {}, id="check-overflow"),
     pytest.param(case_check_overflow, dict(n=72), id="check-overflow-vec4"),
     pytest.param(case_update_loss_scale, {}, id="loss-scale-update"),
+    pytest.param(case_update_loss_scale, dict(merged=True), id="finish-step"),
 ]
 
 
