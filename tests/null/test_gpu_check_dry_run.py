@@ -114,10 +114,10 @@ def test_quick_dry_run_writes_one_record_per_unit_versions_first(quick):
     compiled = records[1]
     assert compiled["kernels"] == len(compiled["per_kernel_s"]) > 30 and compiled["total_s"] > 0
     breakdown = records[5]
-    # a whole recorded step (156 entries since issue 23 merged its zero-fills, gated the ReLUs, folded the BN
-    # finalize into its readers, the residual adds' gradient copies away and the counters into one
-    # finish_step: 149 launches + transfers)
-    assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 150
+    # a whole recorded step: 156 entries (149 launches + transfers) since issue 23 merged its zero-fills, gated
+    # the ReLUs, folded the BN finalize into its readers, the residual adds' gradient copies away and the
+    # counters into one finish_step; a unit that timed a few kernels only would have far fewer than 100
+    assert "STAND-IN" in breakdown["label"] and sum(r["launches"] for r in breakdown["rows"]) > 100
     # a vector kernel (cuda_kernels.vector: ``*_vec8`` / ``*_vec4``) by its one-element twin's name
     assert {"(uploads)", "(downloads)", "sgd_step"} <= {re.sub(r"_vec[48]\b", "", r["name"]) for r in breakdown["rows"]}
     # issue 12: every convolution / linear pass of the step joined with its prediction (stand-in times: none)
