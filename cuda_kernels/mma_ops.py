@@ -51,7 +51,12 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
     """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
     c_out, _, _, c_in = w.shape
+    padded = tuple(dw.shape)[-1] != c_in   # a stem on its zero-padded input: only the aligned weight gradient drops the padding
     # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
+    if padded and (dx is not None or backward_excluded(tuple(x.shape), tuple(w.shape), stride, False)):
+        raise ValueError(f"conv2d_backward: a padded stem (w {tuple(w.shape)}, dw {tuple(dw.shape)}) needs the aligned "
+                         f"tensor-core weight gradient and no input gradient; run it with kernels='mma' and the "
+                         f"tile not excluded, or unpadded")
     if not (mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
             and (dx is None or (_gemm_ready(c_in, c_out, groups) and max(w.shape[1:3]) <= mma_conv.MAX_TAPS))
             and not backward_excluded(tuple(x.shape), tuple(w.shape), stride, dx is not None)):
