@@ -3,10 +3,13 @@
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
 "mma" runs the tensor-core kernels wherever they apply and the SIMT kernels elsewhere; "simt" is
 the reference. Where they apply (groups 1 throughout; depthwise and grouped convolutions stay SIMT):
-- a convolution's forward: any channel counts (Cin % 8 != 0, the stem: the any-channel variant);
+- a convolution's forward: any channel counts (Cin % 8 != 0: the any-channel variant, where nothing
+  else fits; the AMP stem reads its input zero-padded to 8 channels and takes the aligned kernels,
+  ``padded_stem``);
 - its backward (input and weight gradient together): Cout % 8 == 0, and Cin % 8 == 0 unless no
-  input gradient is needed (the stem). The fused kinds require multiples of 8 (but the stem's
-  input), so only a convolution outside them can leave its backward to SIMT;
+  input gradient is needed (the stem; a padded stem's weight gradient drops the padded columns).
+  The fused kinds require multiples of 8 (but the stem's input), so only a convolution outside
+  them can leave its backward to SIMT;
 - a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
   8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
 A tile ``tile_exclusions`` excludes (it failed on this device, or this install cannot run it) runs SIMT.

@@ -177,18 +177,22 @@ def make_wgrad(tile, any_channels=False):
         # are left out (in the aligned kernel, Cin % 8 == 0, each group of 8 columns lies in one tap)
         dw_row = i32(dw.size // gemm_m)
         channels = i32(dw_row // (geo[10] * kw_))
-        for mi in range(MI):
-            for ni in range(NI):
-                group = i32(n0 + warp_n * WTN + ni * 8)
-                base, kept = group, i32(CHUNK)   # dw column of the group's first column; how many are real
-                if not any_channels:
-                    first = i32(group % c_in)
-                    base, kept = i32(i32(i32(group // c_in) * channels) + first), i32(channels - first)
+        group = i32(n0 + warp_n * WTN)            # the first of this thread's ni groups of 8 columns
+        first, tap_col = i32(group % c_in), i32(i32(group // c_in) * channels)
+        for ni in range(NI):
+            for mi in range(MI):
                 for r in range(4):
                     row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
                     j = (lane & 3) * 2 + (r & 1)
-                    if row < gemm_m and group + j < gemm_n and j < kept:
-                        cuda.atomic.add(dw, row * dw_row + base + j, acc[mi, ni, r])
+                    if any_channels:
+                        if row < gemm_m and group + j < gemm_n:
+                            cuda.atomic.add(dw, row * gemm_n + group + j, acc[mi, ni, r])
+                    elif row < gemm_m and group + j < gemm_n and first + j < channels:
+                        cuda.atomic.add(dw, row * dw_row + tap_col + first + j, acc[mi, ni, r])
+            group = i32(group + 8)
+            first = i32(first + 8)
+            if first == c_in:   # the next tap
+                first, tap_col = i32(0), i32(tap_col + channels)
     return conv2d_backward_weight
 
 
