@@ -75,6 +75,9 @@ def test_the_stem_runs_the_aligned_kernels_and_matches_the_cpu_path(stem):
     assert cuda.state_dict()["conv1.0.weight"].shape == (8, 3) + STEMS[name][:1] * 2
     assert all(v.size in (0, 1) or v.shape[-3:] != (STEMS[name][0],) * 2 + (8,)
                for v in cuda.optimizer_state().values())
+    # the upload leaves the input slot's padded channels zero (an inf there would reach the output: inf x 0)
+    for staging in cuda._staging.values():
+        assert all(np.all(host[..., 3:] == 0) and host.shape[-1] == 8 for host in staging.inputs["input"].host)
     padded = cuda._download(cuda._persistent[weight.half_padded])
     master = cuda._download(cuda._persistent[weight.tensor])
     assert np.all(padded[..., 3:] == 0) and np.array_equal(padded[..., :3], master.astype(np.float16))
