@@ -35,7 +35,7 @@ from planner.executor_api import dropout_seed
 from planner.ops import OPS, Prim, activation_params
 from planner.plan import GRADIENT_ROLES, INPUT_ROLES, PARAM_GRADIENT, Role
 
-from . import batchnorm, channel_mul, drop_path, elementwise, loss, optim, pool, prelu
+from . import batchnorm, channel_mul, drop_path, elementwise, loss, optim, padded_stem, pool, prelu
 from .collective import SINGLE_REPLICA
 from .mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
@@ -73,6 +73,7 @@ class StepContext:
     optimizer: object
     kernels: str = DEFAULT_KERNELS   # GEMM family of conv / fc layers: "mma" (tensor cores) or "simt"
     collectives: object = SINGLE_REPLICA   # data parallel: the gradient and overflow all-reduces (collective)
+    padded_stems: tuple = ()   # (master weight, fp16 copy with the input's padded channels) of each stem (padded_stem)
 
     def __post_init__(self):
         self.gemm = gemm_kernels(self.kernels)
@@ -329,7 +330,15 @@ def record_optimizer(launcher, ctx, op):
     ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
     update(launcher, ctx.optimizer, s, r)
     optim.finish_step(launcher, s["overflow"], s["loss_scale"], s["good_steps"], s["step"], s["iteration"])
-    elementwise.cast_f32_to_f16(launcher, r["params"], r["weights16"])
+    cast_half_weights(launcher, r["params"], r["weights16"], ctx.padded_stems)
+
+
+def cast_half_weights(launcher, params, weights16, padded_stems):
+    """The fp16 weight copies: element for element, and the stems' padded copies in the same launch."""
+    if padded_stems:
+        padded_stem.cast_with_padded_stems(launcher, params, weights16, padded_stems)
+    else:
+        elementwise.cast_f32_to_f16(launcher, params, weights16)
 
 
 def _sgd_update(launcher, opt, s, r):

@@ -27,10 +27,9 @@ from planner.plan import Role
 
 from .arena import DeviceArena
 from .collective import SINGLE_REPLICA
-from .elementwise import cast_f32_to_f16
 from .graph import StepRunner, graph_support, new_stream, synchronize
 from .mma_ops import DEFAULT_KERNELS, gemm_kernels
-from ._ops import StepContext, record_op
+from ._ops import StepContext, cast_half_weights, record_op
 from .optim import INIT_LOSS_SCALE
 from .registry import SIMULATOR
 from ._table import CUDA
@@ -112,6 +111,12 @@ class CudaExecutor(ExecutorBase):
         self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
                          if plan.tensor(tid).region == "scalars"}
         self._half = {p.tensor: self._persistent[p.half] for p in plan.params if p.half >= 0}
+        # the stem on the aligned tensor-core path (``padded_stem``): its input keeps the slot's zero-padded
+        # channels, its convolution reads the weight copy padded to match (the SIMT kernels take neither)
+        self._padded_stems = tuple((self._persistent[p.tensor], self._persistent[p.half_padded])
+                                   for p in plan.params if p.half_padded >= 0 and kernels == "mma")
+        self._half.update({p.tensor: self._persistent[p.half_padded] for p in plan.params
+                           if p.half_padded >= 0 and kernels == "mma"})
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
         self._staging: dict[tuple[str, str], Staging] = {}
@@ -145,10 +150,11 @@ class CudaExecutor(ExecutorBase):
             for t in plan.tensors:
                 if t.graph == graph or t.region == "io":
                     views[t.id] = self._view(t, t.shape_in(variant))
-            # The plan pads the input slot's channels to a multiple of 4 (room for vectorised loads);
-            # these kernels load scalars, so the batch is stored and read with its real channels.
-            t = plan.tensor(plan.io["input"])
-            views[t.id] = self._view(t, t.shape_in(variant)[:3] + (plan.arch.in_channels,))
+            # The plan pads the input slot's channels to a multiple of 8; where no stem reads it padded (the
+            # SIMT kernels, or a reader that is not a convolution), the batch is stored with its real channels.
+            if not self._padded_stems:
+                t = plan.tensor(plan.io["input"])
+                views[t.id] = self._view(t, t.shape_in(variant)[:3] + (plan.arch.in_channels,))
             self._views[variant] = views
         return self._views[variant]
 
@@ -201,7 +207,8 @@ class CudaExecutor(ExecutorBase):
         self._upload(self._scalars[name], np.array([value]))
 
     def _refresh_half_weights(self):
-        cast_f32_to_f16(Immediate(self.stream), self._regions["params"], self._regions["weights16"])
+        cast_half_weights(Immediate(self.stream), self._regions["params"], self._regions["weights16"],
+                          self._padded_stems)
         self._half_dirty = False
 
     # ---- steps -----------------------------------------------------------------------------------------
@@ -211,9 +218,10 @@ class CudaExecutor(ExecutorBase):
         if key not in self._runners:
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
-                              self.loss.smoothing, self.optimizer, self.kernels, self.collectives)
+                              self.loss.smoothing, self.optimizer, self.kernels, self.collectives, self._padded_stems)
             staging = Staging({name: views[self.plan.io[name]] for name in STEP_INPUTS[purpose]},
-                              {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
+                              {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]},
+                              {"input": self.plan.arch.in_channels})
 
             def kernels(tape):
                 self._run_schedule(self.plan.variants[variant].graph, views, lambda op: record_op(tape, ctx, op),

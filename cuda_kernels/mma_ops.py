@@ -3,10 +3,13 @@
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
 "mma" runs the tensor-core kernels wherever they apply and the SIMT kernels elsewhere; "simt" is
 the reference. Where they apply (groups 1 throughout; depthwise and grouped convolutions stay SIMT):
-- a convolution's forward: any channel counts (Cin % 8 != 0, the stem: the any-channel variant);
+- a convolution's forward: any channel counts (Cin % 8 != 0: the any-channel variant, where nothing
+  else fits; the AMP stem reads its input zero-padded to 8 channels and takes the aligned kernels,
+  ``padded_stem``);
 - its backward (input and weight gradient together): Cout % 8 == 0, and Cin % 8 == 0 unless no
-  input gradient is needed (the stem). The fused kinds require multiples of 8 (but the stem's
-  input), so only a convolution outside them can leave its backward to SIMT;
+  input gradient is needed (the stem; a padded stem's weight gradient drops the padded columns).
+  The fused kinds require multiples of 8 (but the stem's input), so only a convolution outside
+  them can leave its backward to SIMT;
 - a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
   8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
 A tile ``tile_exclusions`` excludes (it failed on this device, or this install cannot run it) runs SIMT.
@@ -51,7 +54,12 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
     """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
     c_out, _, _, c_in = w.shape
+    padded = tuple(dw.shape)[-1] != c_in   # a stem on its zero-padded input: only the aligned weight gradient drops the padding
     # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
+    if padded and (dx is not None or backward_excluded(tuple(x.shape), tuple(w.shape), stride, False)):
+        raise ValueError(f"conv2d_backward: a padded stem (w {tuple(w.shape)}, dw {tuple(dw.shape)}) needs the aligned "
+                         f"tensor-core weight gradient and no input gradient; run it with kernels='mma' and the "
+                         f"tile not excluded, or unpadded")
     if not (mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
             and (dx is None or (_gemm_ready(c_in, c_out, groups) and max(w.shape[1:3]) <= mma_conv.MAX_TAPS))
             and not backward_excluded(tuple(x.shape), tuple(w.shape), stride, dx is not None)):

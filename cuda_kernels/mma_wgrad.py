@@ -7,6 +7,8 @@ stored with rows = pixels (padded rows, see ``mma_tiles``) and read with ``ldmat
 Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
 computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
 compares and subtractions; ``Cout % 8 == 0``; ``Cin % 8 != 0`` (stems) stages x by scalar loads.
+A stem whose input was zero-padded to 8 channels (``padded_stem``) runs the aligned kernel with ``dw`` of
+its real channels: the epilogue adds the real columns only (the padded ones are 0 anyway, never stored).
 """
 import math
 
@@ -171,13 +173,26 @@ def make_wgrad(tile, any_channels=False):
             dst = (i32(i32(tid // A_CPR) * A_ROW + (tid % A_CPR) * 16), i32(i32(tid // B_CPR) * B_ROW + (tid % B_CPR) * 16))
             main_loop_aligned(smem, tiles, (dy, x, a_add, a_lim, b_lim, ww, hh, xo, dst, ends, deltas, geo),
                               (i32(p0), i32(i32(p0 * c_out) + co)), warp_m, warp_n, acc)
-        for mi in range(MI):
-            for ni in range(NI):
+        # dw's rows hold KH*KW*channels: fewer than x's where x is a stem's zero-padded input; its padded columns
+        # are left out (in the aligned kernel, Cin % 8 == 0, each group of 8 columns lies in one tap)
+        dw_row = i32(dw.size // gemm_m)
+        channels = i32(dw_row // (geo[10] * kw_))
+        group = i32(n0 + warp_n * WTN)            # the first of this thread's ni groups of 8 columns
+        first, tap_col = i32(group % c_in), i32(i32(group // c_in) * channels)
+        for ni in range(NI):
+            for mi in range(MI):
                 for r in range(4):
                     row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
-                    col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
-                    if row < gemm_m and col < gemm_n:
-                        cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
+                    j = (lane & 3) * 2 + (r & 1)
+                    if any_channels:
+                        if row < gemm_m and group + j < gemm_n:
+                            cuda.atomic.add(dw, row * gemm_n + group + j, acc[mi, ni, r])
+                    elif row < gemm_m and group + j < gemm_n and first + j < channels:
+                        cuda.atomic.add(dw, row * dw_row + tap_col + first + j, acc[mi, ni, r])
+            group = i32(group + 8)
+            first = i32(first + 8)
+            if first == c_in:   # the next tap
+                first, tap_col = i32(0), i32(tap_col + channels)
     return conv2d_backward_weight
 
 
@@ -201,8 +216,12 @@ def wgrad_tile(w_shape):
 
 
 def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
-    """``dw`` (fp32, overwritten) of a convolution ``wgrad_supported`` accepts."""
+    """``dw`` (fp32, overwritten) of a convolution ``wgrad_supported`` accepts; ``dw`` may have fewer channels than
+    ``w`` and ``x`` where those are a stem's, padded with zeros to a multiple of 8 (its real channels)."""
     c_out, kh, kw, c_in = w.shape
+    if dw.size != w.size and not (c_in % CHUNK == 0 and tuple(dw.shape)[:3] == (c_out, kh, kw) and dw.shape[3] < c_in):
+        raise ValueError(f"conv2d_backward_weight: dw {tuple(dw.shape)} for w {tuple(w.shape)}: expected w's shape, "
+                         f"or fewer channels where w's are a multiple of {CHUNK} (a zero-padded stem)")
     pixels = dy.size // c_out
     gemm_n = kh * kw * c_in
     tile = tile or wgrad_tile(w.shape)

@@ -5,7 +5,7 @@
     normalise_flatten      flatten of a 2-D value is dropped; fc on a 4-D value gets an explicit flatten
     resolve_batchnorm_rank bn -> bn2d after NHWC values, bn1d after (N, F) values
     append_loss_head       softmax-cross-entropy on the network output, exactly once
-    align_input_channels   AMP: the input's channels are padded to a multiple of 4
+    align_input_channels   AMP: the input's channels are padded to a multiple of 8 (the stem's aligned GEMMs)
     check_fused_channels   fuse: every fused convolution's channels must be multiples of 8
     merge_blocks           fuse: block / mbconv primitives -> BasicBlock, Bottleneck, InvResidual
     merge_triples          fuse: conv + bn2d + relu -> CBR
@@ -22,7 +22,7 @@ from planner._arch import NETWORK_INPUT, ArchLayer, ArchPlan
 from planner._build import load
 from planner._expand_error import ExpandError
 
-INPUT_CHANNEL_ALIGNMENT = 4   # fp16 first-layer loads want 8-byte rows
+INPUT_CHANNEL_ALIGNMENT = 8   # fp16 16-byte rows: the stem runs the aligned tensor-core kernels (zeros in the rest)
 FUSED_CHANNEL_MULTIPLE = 8    # fused fp16 kernels vectorise channels by 8
 
 

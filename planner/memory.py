@@ -5,7 +5,8 @@ laid out once, tensors back to back in plan order, each 256-byte aligned; the fp
 that mirror a parameter (params, grads, optimizer state) align each tensor to 512 bytes, so
 that the fp16 weight copies can sit at exactly half those offsets (still 256-aligned): grads,
 optimizer state and fp16 weights mirror the parameter layout element for element, and one
-kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast). Saved activations (written in forward, read in backward) and transient
+kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast); after the mirror, weights16 holds the stems' fp16 copies padded to the input's
+padded channels. Saved activations (written in forward, read in backward) and transient
 tensors (everything else that lives inside one step) get offsets from their lifetimes over
 the op schedule: lifetimes -> best-fit allocator, greedy by size and other orders (planner.memory_alloc) ->
 offsets. The eval graph's transients overlay the train graph's in the same region.
@@ -125,9 +126,14 @@ def plan_memory(tensors: list[TensorSpec], graphs, params: tuple[ParamSpec, ...]
         start = cursor
         if region == Region.WEIGHTS16:   # fp16 copy of each parameter at half its offset in the params region
             params_start, params_bytes = regions[Region.PARAMS]
-            for t in by_region[region]:
+            mirrored = [t for t in by_region[region] if t.id in master_of]
+            for t in mirrored:
                 offsets[t.id] = start + (offsets[master_of[t.id]] - params_start) // 2
-            cursor += params_bytes // 2 if by_region[region] else 0
+            cursor += params_bytes // 2 if mirrored else 0
+            for t in by_region[region]:   # then the stems' padded copies (``half_padded``), back to back
+                if t.id not in master_of:
+                    offsets[t.id] = cursor
+                    cursor += align(t.nbytes)
         else:
             alignment = MIRROR_ALIGNMENT if region in MIRRORED_REGIONS else ALIGNMENT
             for t in by_region[region]:

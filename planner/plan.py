@@ -136,6 +136,7 @@ class ParamSpec(NamedTuple):
     grad: int = -1           # its gradient tensor (trainable parameters of a training plan), else -1
     half: int = -1           # its fp16 copy (trainable parameters of an AMP plan), else -1
     state: tuple[int, ...] = ()  # its optimizer-state tensors, one per slot
+    half_padded: int = -1    # a stem weight's fp16 copy with the input's padded channels (zero columns), else -1
 
 
 class TensorSpec(NamedTuple):

@@ -130,6 +130,18 @@ class Persistent:
     conv_attrs: dict[int, tuple[tuple[str, object], ...]]
 
 
+def padded_stem_positions(s: Setting) -> frozenset[int]:
+    """The convolutions whose weights also get an fp16 copy with the input's padded channels (zero columns):
+    under AMP, when every reader of the network input is a groups-1 convolution (the stem), so the CUDA path
+    can hand them the zero-padded input and run the aligned tensor-core kernels (issue 23, item 3). The
+    master weight, its gradient and optimizer state keep the real channels."""
+    readers = [(position, prim) for position, (_, prim) in enumerate(s.prims) if NETWORK_INPUT in prim.inputs]
+    if (not s.arch.amp or s.arch.input_channels_padded == s.arch.in_channels or not readers
+            or any(prim.kind != "conv" or prim.param("groups") != 1 for _, prim in readers)):
+        return frozenset()
+    return frozenset(position for position, _ in readers)
+
+
 SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
 
 
@@ -170,12 +182,18 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
         for slot in range(s.slots):
             for name, tid, *_ in trainable:
                 state[tid].append(make.sized(f"state{slot}.{name}", Region.OPTIM, "float32", param_size[tid]))
+    half_padded = {}
     if s.arch.amp:
         for name, tid, *_ in trainable:
             half[tid] = make.sized("fp16." + name, Region.WEIGHTS16, "float16", param_size[tid])
+        stems = padded_stem_positions(s)
+        for name, tid, shape, _, _, position, *_, role in trainable:
+            if position in stems and role is Role.WEIGHT:
+                half_padded[tid] = make.new("fp16pad." + name, Region.WEIGHTS16, "float16",
+                                            shape[:3] + (s.arch.input_channels_padded,))
     io = _io_tensors(s, make)
     params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
-                                          tuple(state.get(row[1], ())))) for row in rows)
+                                          tuple(state.get(row[1], ())), half_padded.get(row[1], -1))) for row in rows)
     params_at: dict[int, list[ParamSpec]] = {}
     for spec in params:
         params_at.setdefault(spec.layer, []).append(spec)

@@ -194,7 +194,8 @@ def predict_conv(c, gpu=H200):
 
 def conv_shapes(blueprint, batch, hw):
     """Every convolution of ``blueprint`` at ``batch x hw x hw x 3``, in order (spatial sizes followed
-    through the unfused layers: convolutions and pools change them, GAP ends them)."""
+    through the unfused layers: convolutions and pools change them, GAP ends them). A stem reading the
+    input runs on its channels as the AMP plan pads them (8: the aligned kernels, ``padded_stem``)."""
     from planner import ArchPlan
     arch = ArchPlan.from_blueprint(blueprint, in_channels=3, fuse=False, amp=True)
     size, shapes = {0: hw}, []
@@ -203,7 +204,8 @@ def conv_shapes(blueprint, batch, hw):
         if layer.kind in ("conv", "maxpool", "avgpool"):
             k, s, p = layer.param("kernel"), layer.param("stride"), layer.param("padding")
             if layer.kind == "conv":
-                shapes.append(ConvShape(layer.prefix or layer.path, batch, here, layer.in_channels,
+                c_in = arch.input_channels_padded if layer.first else layer.in_channels
+                shapes.append(ConvShape(layer.prefix or layer.path, batch, here, c_in,
                                         layer.out_channels, k, s, p, first=not shapes))
             here = (here + 2 * p - k) // s + 1
         elif layer.kind == "gap":

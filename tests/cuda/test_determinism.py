@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWar
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
 def test_every_launch_of_the_pipelined_tests_step_gives_the_same_result_under_contention():
-    """The step that once moved (test_executor's SMALL: the stem's any-channel tensor-core forward and its
+    """The step that once moved (test_executor's SMALL: the stem's tensor-core forward on its zero-padded input and its
     gradients, max pooling, dropout, the fused GapFc, the loss, SGD and the loss-scale kernels). Every kernel
     of the kernel tables is also checked at its first launch in test_kernels.py and test_mma_conv.py
     (``tests/support/cuda_checks.replay``); the larger fused networks cost minutes here and add no kernel."""

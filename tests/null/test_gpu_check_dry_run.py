@@ -124,8 +124,10 @@ def test_quick_dry_run_writes_one_record_per_unit_versions_first(quick):
     layers = {(r["layer"], r["pass"]): r for r in breakdown["layers"]}
     assert "STAND-IN" in breakdown["layers_label"] and len(layers) == 62   # 20 convs x 3 - stem dgrad + fc x 3
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] == 0 and r["ratio"] is None for r in layers.values())
-    assert layers["conv 3>64 k3s1 32px #0", "wgrad"]["kernels"][0].startswith("mma_conv2d_backward_weight_any")
-    assert ("conv 3>64 k3s1 32px #0", "dgrad") not in layers
+    # the stem reads its input zero-padded to 8 channels (issue 23 item 3): the aligned weight gradient, no dgrad
+    stem_wgrad = layers["conv 8>64 k3s1 32px #0", "wgrad"]["kernels"][0]
+    assert stem_wgrad.startswith("mma_conv2d_backward_weight_") and "any_channels" not in stem_wgrad
+    assert ("conv 8>64 k3s1 32px #0", "dgrad") not in layers
     assert layers["conv 512>512 k3s1 4px #2", "dgrad"]["kernels"][0].startswith("mma_conv2d_backward_data")
 
 

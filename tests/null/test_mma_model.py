@@ -18,7 +18,8 @@ from benchmarks.gpu.step_common import resnet18_cifar_blueprint, zoo_model  # no
 def test_resnet50_has_53_convolutions_at_the_torchvision_sizes():
     shapes = conv_shapes(zoo_model("resnet50", 1000)(), 256, 224)
     assert len(shapes) == 53
-    assert (shapes[0].hw, shapes[0].c_in, shapes[0].kernel, shapes[0].stride, shapes[0].first) == (224, 3, 7, 2, True)
+    # the stem reads the AMP input slot's 8 channels (3 real, zero-padded: the aligned kernels)
+    assert (shapes[0].hw, shapes[0].c_in, shapes[0].kernel, shapes[0].stride, shapes[0].first) == (224, 8, 7, 2, True)
     assert [s.hw for s in shapes if s.kernel == 3] == [56] * 3 + [56] + [28] * 3 + [28] + [14] * 5 + [14] + [7] * 2
     assert shapes[-1].out_hw == 7 and not any(s.first for s in shapes[1:])
 

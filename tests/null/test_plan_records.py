@@ -7,6 +7,7 @@ import pytest
 
 from blueprint import BluePrint, add2, fc, identity, seq, zoo
 from planner import ArchPlan
+from planner._arch import NETWORK_INPUT
 from planner.compiler import Compiler
 from planner.plan import (
     INPUT_GRADIENTS, Op, Operand, ParamSpec, Region, Role, TensorSpec, new_record, role_named,
@@ -52,6 +53,15 @@ def test_parameters_carry_the_ids_of_their_gradient_copy_and_state(plan):
                 t = plan.tensor(tid)
                 assert (t.region, t.name, t.shape) == (region, name, p.shape)
                 linked.add(tid)
+        # the stem's weight (under AMP, the input's one reader): also an fp16 copy with the input's padded channels
+        prim = plan.primitives[p.layer]
+        stem = plan.arch.amp and p.role == "weight" and prim.kind == "conv" and NETWORK_INPUT in prim.inputs
+        assert (p.half_padded >= 0) == stem, p.name
+        if stem:
+            t = plan.tensor(p.half_padded)
+            assert (t.region, t.name, t.shape) == (Region.WEIGHTS16, f"fp16pad.{p.name}",
+                                                   p.shape[:3] + (plan.arch.input_channels_padded,))
+            linked.add(p.half_padded)
         assert plan.tensor(p.tensor).name == p.name and p.role == p.name.rsplit(".", 1)[-1]
     # every gradient, copy and state tensor belongs to exactly one parameter
     assert linked == {t.id for t in plan.tensors if t.region in (Region.GRADS, Region.WEIGHTS16, Region.OPTIM)}
@@ -130,7 +140,7 @@ def test_records_built_from_their_fields_equal_the_named_constructor():
     fields = {Operand: (Role.DX, 13, -1, 7, True),
               TensorSpec: (4, "train.v3", Region.TRANSIENT, "float32", (2, 3), 24, 256, "train", (("train", (2, 3)),)),
               ParamSpec: ("conv1.weight", 0, (8, 3, 3, 3), Region.PARAMS, "kaiming", 0, "ohwi", (), 27, 72,
-                          Role.WEIGHT, 5, -1, (6,)),
+                          Role.WEIGHT, 5, -1, (6,), 9),
               Op: (0, "conv", "forward", 0, "conv1", (Operand(Role.X, 1),), (Operand(Role.Y, 2),), (("training", True),))}
     for record, values in fields.items():
         built = new_record(record, values)

@@ -525,8 +525,12 @@ def test_fp16_weight_copies_mirror_the_parameter_region_element_for_element(mode
     w16_start, w16_bytes = plan.memory.regions["weights16"]
     grads_start = plan.memory.regions["grads"][0]
     trainable = [p for p in plan.params if p.region == "params"]
-    assert trainable and w16_bytes == params_bytes // 2
-    assert sorted(p.half for p in trainable) == [t.id for t in plan.tensors if t.region == "weights16"]
+    # after the mirror: the stem's copy padded to the input's padded channels (``ParamSpec.half_padded``)
+    padded = [plan.tensor(p.half_padded) for p in trainable if p.half_padded >= 0]
+    assert trainable and len(padded) == 1 and w16_bytes == params_bytes // 2 + -(-padded[0].nbytes // 256) * 256
+    assert padded[0].offset == w16_start + params_bytes // 2
+    assert sorted([p.half for p in trainable] + [padded[0].id]) == [t.id for t in plan.tensors
+                                                                    if t.region == "weights16"]
     for spec in trainable:
         master, copy, grad = (plan.tensor(tid) for tid in (spec.tensor, spec.half, spec.grad))
         assert copy.offset - w16_start == (master.offset - params_start) // 2, spec.name

@@ -6,7 +6,7 @@ was checked in: the shortcut each block chose (identity when stride 1 and in == 
 else a 1x1 projection named `downsample.0/1`), torchvision-style parameter names, bn2d after
 NHWC values and bn1d after (N, F) ones, the implicit flatten before an fc on an NHWC value (and
 the fc weight's `fc_hwc` layout with the flattened (H, W, C)), the single softmax-CE loss head,
-the AMP input padding to 4 channels, the fused merges (conv + bn + relu -> cbr, blocks ->
+the AMP input padding to 8 channels, the fused merges (conv + bn + relu -> cbr, blocks ->
 basic_block / inv_residual with shortcut identity/projection/none, gap + fc -> gap_fc), which
 values are saved for backward versus transient (in eval graphs a maxpool's argmax is a one-op
 forward workspace `argmax_f`: the forward kernel writes it there too, nothing reads it), and the
