@@ -37,6 +37,11 @@ from planner.conv_algorithm import conv_algorithms
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
 COL_CHUNK_BYTES = 1 << 19
+#: ... but never fewer rows than this: OpenBLAS packs the weight operand (``KD x Cout``) afresh in every
+#: call, and an L2-sized chunk of a wide layer has few rows (28 for 512 channels 3x3), so the packing took
+#: as long as the product. resnet50's 3x3 layers (batch 8, one thread) ran 1.4-1.9x PyTorch's forward with
+#: L2-sized chunks, 1.15-1.25x with at least 256-512 rows. The workspace holds every row, so any chunk fits.
+MIN_GEMM_ROWS = 512
 #: OpenBLAS (0.3.16 on) multiplies a GEMM of at most this many multiply-adds with its "small
 #: matrix" kernels, which skip packing the operands (``sgemm_small_kernel_permit_*.c``); only some
 #: kernel sets have them. Where the BLAS has them, a chunk is cut to fit: the GEMMs of 16- and
@@ -64,7 +69,7 @@ def _gemm_partitions(units):
 
 
 def _chunk_rows(rows_per_worker, row_len):
-    return max(1, min(rows_per_worker, COL_CHUNK_BYTES // (4 * row_len)))
+    return max(1, min(rows_per_worker, max(MIN_GEMM_ROWS, COL_CHUNK_BYTES // (4 * row_len))))
 
 
 def _gemm_chunk_rows(rows_per_worker, kd, kg):

@@ -24,7 +24,7 @@ from numba import njit, prange, uint64
 
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
-from planner.conv_algorithm import block_floats
+from planner.conv_algorithm import FEW_INPUT_CHANNELS, block_floats
 
 #: Floats of weight-gradient block in registers: its inner loop does ``rows`` broadcast loads of ``x`` and one
 #: vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs per load. 8 zmm of AVX-512's 32
@@ -217,6 +217,68 @@ def _weight_grad_kernels(cout):
     return span, parallel
 
 
+@functools.cache
+def _folded_weight_grad_kernels(cout):
+    rows = max(1, WGRAD_BLOCK_FLOATS // cout)
+    alloc, zero, fma, store, load = vector_block(cout, rows)
+
+    @njit
+    def span(x, dy, dwk_parts, s, p, t, nparts):
+        """As `_weight_grad_kernels`' span, for layers with fewer input channels than a block has rows (the
+        stem's 3): there a block would hold one channel, and one chain of dependent multiply-adds runs at the
+        FMA's latency. But a kernel row's ``KW*Cin`` (column, channel) pairs lie side by side in an NHWC input
+        row and in the ``(KH, KW, Cin, Cout)`` gradient alike, so a block takes ``rows`` consecutive pairs
+        across the columns. Output columns where some of the row's taps leave the input go pair by pair."""
+        n_, h, w, c = x.shape
+        _, oh_, ow_, _ = dy.shape
+        kh, kw = dwk_parts.shape[1], dwk_parts.shape[2]
+        run = kw * c
+        xf, dyf, dwf = x.reshape(-1), dy.reshape(-1), dwk_parts[t].reshape(-1)
+        block = alloc()
+        inner_lo = min(ow_, (p + s - 1) // s)                 # first output column with all taps inside
+        inner_hi = max(inner_lo, min(ow_, (w - kw + p) // s + 1))
+        lo, hi = partition(n_, t, nparts)
+        for n in range(lo, hi):
+            for i in range(kh):
+                oh_lo, oh_hi = max(0, (p - i + s - 1) // s), min(oh_, (h - 1 + p - i) // s + 1)
+                e0 = 0
+                while e0 < run:
+                    done = rows if e0 + rows <= run else 1
+                    dw_at = uint64((i * run + e0) * cout)
+                    for q in range(rows):
+                        if q < done:
+                            load(block, q, dwf, dw_at + uint64(q * cout))
+                    for oh in range(oh_lo, oh_hi):
+                        x_row = (n * h + oh * s - p + i) * w * c
+                        dy_row = (n * oh_ + oh) * ow_ * cout
+                        for ow in range(inner_lo, inner_hi):
+                            xi, di = uint64(x_row + (ow * s - p) * c + e0), uint64(dy_row + ow * cout)
+                            if done == rows:
+                                for q in range(rows):
+                                    fma(block, q, xf[xi + uint64(q)], dyf, di)
+                            else:
+                                fma(block, 0, xf[xi], dyf, di)
+                        for ow in range(ow_):
+                            if inner_lo <= ow < inner_hi:
+                                continue
+                            for q in range(rows):
+                                iw = ow * s - p + (e0 + q) // c
+                                if q < done and 0 <= iw < w:
+                                    fma(block, q, xf[uint64(x_row + iw * c + (e0 + q) % c)], dyf,
+                                        uint64(dy_row + ow * cout))
+                    for q in range(rows):
+                        if q < done:
+                            store(block, q, dwf, dw_at + uint64(q * cout))
+                    e0 += done
+
+    @njit(parallel=True)
+    def parallel(x, dy, dwk_parts, s, p, nparts):
+        for t in prange(nparts):
+            span(x, dy, dwk_parts, s, p, t, nparts)
+
+    return span, parallel
+
+
 def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
     """``dx`` (overwritten, or added into when ``accumulate``) of a convolution (groups 1);
     no workspace. Each ``dx`` element is summed by one thread in one fixed order: the result does not
@@ -226,11 +288,12 @@ def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
 
 
 def direct_weight_grad(x, dy, w_shape, stride, pad, work):
-    """The weight gradient ``(Cout, KH, KW, Cin)`` of a convolution (groups 1): one partial
+    """The weight gradient ``(Cout, KH, KW, Cin)`` of a convolution (groups 1; blocks across the kernel's columns
+    for fewer than ``FEW_INPUT_CHANNELS`` input channels, `_folded_weight_grad_kernels`): one partial
     sum per partition of the samples (``partitions``), added in a fixed order (reproducible for a given
     thread count)."""
     cout, kh, kw, cin = w_shape
-    span, parallel = _weight_grad_kernels(cout)
+    span, parallel = (_folded_weight_grad_kernels if cin < FEW_INPUT_CHANNELS else _weight_grad_kernels)(cout)
     parts = np.zeros((partitions(x.shape[0]), kh, kw, cin, cout), np.float32)
     run_partitioned(span, parallel, parts.shape[0], work, x, dy, parts, stride, pad)
     return parts.sum(axis=0).transpose(3, 0, 1, 2)

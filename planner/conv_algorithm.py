@@ -31,6 +31,13 @@ WIDE_BLOCK_FLOATS = 128
 #: chosen: with one, every weight vector is loaded for a single pixel, and 64-channel layers ran slower
 #: than im2col + GEMM.
 MIN_BLOCK_PIXELS = 2
+#: Fewer input channels than this (the 3-channel stem) take the direct weight gradient whose blocks run across
+#: the kernel's columns (`cpu_ref._conv_direct`): resnet20's stem (batch 128, one thread) took 2.7 ms instead of
+#: im2col + GEMM's 4.0 with AVX-512, 2.5 instead of 6.0 with AVX2 ...
+FEW_INPUT_CHANNELS = 8
+#: ... where a block holds at least this many (column, channel) pairs: resnet50's stem (64 channels, 2 pairs a
+#: block with AVX-512) took 40 ms instead of GEMM's 25.
+MIN_FOLDED_PAIRS = 4
 
 
 class ConvAlgorithms(NamedTuple):
@@ -68,6 +75,13 @@ def _narrow(channels: int, registers: int) -> bool:
     return channels % 8 == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(channels, registers)
 
 
+def _folded(cin: int, cout: int, registers: int) -> bool:
+    """Few input channels, and few enough output channels for ``MIN_FOLDED_PAIRS`` pairs per weight-gradient block
+    (`cpu_ref._conv_direct.WGRAD_BLOCK_FLOATS`: the same floats as a forward block's bound)."""
+    block = WIDE_BLOCK_FLOATS if registers >= 32 else BLOCK_FLOATS
+    return cin < FEW_INPUT_CHANNELS and cout * MIN_FOLDED_PAIRS <= block
+
+
 def conv_algorithms(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
                     registers: int | None = None) -> ConvAlgorithms:
     """`rule` for the target's `target_vector_registers` (read only for a layer with more than 32 channels)."""
@@ -85,8 +99,10 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     layers, at one thread, ran 1.1-1.4x faster than im2col + GEMM; the stem and strided layers too; with
     AVX-512, 64->64 and 32->64 too). Direct input gradient: as many input channels (im2col + GEMM spends
     most of it in col2im's scatter of a ``KH*KW`` times larger patch gradient). Direct weight gradient:
-    as many output channels, input channels in whole 8s (the stem's 3 fill no block and ran no faster),
-    and the input gradient direct too.
+    as many output channels, and either the input gradient direct too (input channels in whole 8s) or fewer
+    than ``FEW_INPUT_CHANNELS`` input channels and at most 16 output channels (32 with 32 registers), as the
+    stems have (`_folded`). A stem's input gradient is not wanted; where a layer's is and runs by GEMM, that
+    pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`).
     """
     cout, kh, kw, cin = w_shape
     if groups > 1 and groups == cout and cin == 1:
@@ -96,5 +112,6 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     window = groups == 1 and kh * kw > 1
     forward = "direct" if window and _narrow(cout, registers) else "gemm"
     input_grad = "direct" if window and _narrow(cin, registers) else "gemm"
-    weight_grad = "direct" if window and input_grad == "direct" and _narrow(cout, registers) else "gemm"
+    weight_grad = ("direct" if window and (input_grad == "direct" or _folded(cin, cout, registers))
+                   and _narrow(cout, registers) else "gemm")
     return ConvAlgorithms(forward, input_grad, weight_grad)

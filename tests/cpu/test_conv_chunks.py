@@ -17,8 +17,11 @@ CHUNK_ROWS = [
     (65536, 144, 16, "haswell", (910, False)),        # no small-matrix kernels: L2-sized, 2**19 // (4*144)
     (65536, 144, 16, None, (910, False)),             # core unknown: L2-sized
     (32768, 288, 32, "sapphirerapids", (108, True)),  # 32 channels 3x3
-    (32768, 288, 32, "zen", (455, False)),
-    (8192, 576, 64, "skylakex", (227, False)),        # 64 channels 3x3: 27 rows, under the floor: L2-sized
+    (32768, 288, 32, "zen", (512, False)),           # 455 L2-sized rows, raised to MIN_GEMM_ROWS
+    (8192, 576, 64, "skylakex", (512, False)),        # 64 channels 3x3: 27 rows, under the floor: 227 L2-sized
+                                                      # rows, raised to MIN_GEMM_ROWS
+    (8192, 4608, 512, "haswell", (512, False)),       # 512 channels 3x3: 28 L2-sized rows, raised to MIN_GEMM_ROWS
+    (300, 4608, 512, "haswell", (300, False)),        # ... but never more rows than the worker has
     (100, 144, 16, "cooperlake", (100, True)),        # fewer rows than either bound: all of them
 ]
 
@@ -38,7 +41,7 @@ CONVS = [
 ]
 #: Shrunk bounds so that these small convolutions take several chunks per worker under either
 #: rule (e.g. the first: 34 rows per chunk where small-matrix kernels exist, 50 elsewhere).
-SMALL_MACS, CHUNK_BYTES, MIN_SMALL_ROWS = 20_000, 4 * 72 * 50, 16
+SMALL_MACS, CHUNK_BYTES, MIN_SMALL_ROWS, MIN_ROWS = 20_000, 4 * 72 * 50, 16, 1
 
 
 def _run(conv, accumulate):
@@ -70,6 +73,7 @@ def test_chunked_conv_matches_reference(conv, core, accumulate, pool, monkeypatc
     monkeypatch.setattr(_conv, "SMALL_GEMM_MACS", SMALL_MACS)
     monkeypatch.setattr(_conv, "COL_CHUNK_BYTES", CHUNK_BYTES)
     monkeypatch.setattr(_conv, "MIN_SMALL_GEMM_ROWS", MIN_SMALL_ROWS)
+    monkeypatch.setattr(_conv, "MIN_GEMM_ROWS", MIN_ROWS)
     if pool == "thread_pool":
         monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 1)
     n, h, w, cin, cout, k, s, p, g = conv

@@ -9,7 +9,7 @@ import pytest
 from cpu_ref import _conv_direct as D
 from cpu_ref import kernels as K
 from planner import reference as R
-from planner.conv_algorithm import ConvAlgorithms, conv_algorithms, target_vector_registers
+from planner.conv_algorithm import FEW_INPUT_CHANNELS, ConvAlgorithms, conv_algorithms, target_vector_registers
 from tests.support.float32_error import assert_like_float32
 
 F32 = np.float32
@@ -54,7 +54,10 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
 
 
 @pytest.mark.parametrize("w_shape,stride,pad,groups,algorithms", [
-    ((16, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "gemm")),        # resnet20's stem: 3 input channels
+    ((16, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "direct")),      # resnet20's stem: 3 input channels, dW folded
+    ((16, 3, 3, 8), 1, 1, 1, ("direct", "direct", "direct")),
+    ((12, 3, 3, 3), 1, 1, 1, ("gemm", "gemm", "gemm")),          # few inputs, but not whole 8-float vectors out
+    ((32, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "gemm")),        # 2 pairs per dW block in 16 registers: GEMM
     ((64, 3, 3, 64), 1, 1, 1, ("gemm", "gemm", "gemm")),         # one pixel per block in 16 registers: GEMM
     ((16, 3, 3, 16), 1, 1, 1, ("direct", "direct", "direct")),   # the narrow layers
     ((32, 3, 3, 16), 2, 1, 1, ("direct", "direct", "direct")),
@@ -77,6 +80,8 @@ def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorith
     ((16, 3, 3, 16), 1, ("direct", "direct", "direct")),
     ((128, 3, 3, 64), 1, ("gemm", "direct", "gemm")),     # 128 channels: one pixel per block
     ((64, 1, 1, 64), 2, ("gemm", "gemm", "gemm")),
+    ((64, 7, 7, 3), 2, ("direct", "gemm", "gemm")),       # resnet50's stem: 2 pairs per dW block, GEMM
+    ((32, 3, 3, 3), 1, ("direct", "gemm", "direct")),     # 4 pairs per dW block: folded
 ])
 def test_with_32_vector_registers_the_rule_takes_64_channels(w_shape, stride, algorithms):
     assert tuple(conv_algorithms(w_shape, stride, 1, 1, registers=32)) == algorithms
@@ -118,6 +123,11 @@ BACKWARD_CASES = [
     (1, 7, 7, 6, 16, 3, 2, 1),     # 6 input channels: a whole block of 4 (8 with AVX-512), then single ones
     (2, 5, 6, 64, 64, 3, 1, 1),    # 64 channels: 2-pixel / 2-channel blocks with 32 vector registers, else 1
     (1, 7, 7, 32, 64, 3, 2, 1),
+    # fewer than FEW_INPUT_CHANNELS: blocks across the kernel's columns (`_folded_weight_grad_kernels`)
+    (2, 9, 11, 3, 16, 7, 2, 3),    # resnet50's stem window: 21 pairs per kernel row, three border columns a side
+    (1, 6, 7, 5, 32, 3, 1, 1),     # 15 pairs: whole blocks of 2 or 4, then single pairs
+    (1, 8, 8, 1, 8, 5, 2, 0),      # one channel, no padding: every column inside
+    (1, 5, 4, 3, 16, 5, 1, 2),     # fewer columns than the window: no column has all its taps inside
 ]
 
 
@@ -166,10 +176,21 @@ def test_the_backward_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, 
     assert serial.tobytes() == pooled.tobytes()
 
 
+@pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", [c for c in BACKWARD_CASES if c[3] < FEW_INPUT_CHANNELS][:2])
+def test_the_folded_weight_grad_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
+    x, wt, dy, _, _ = _backward_inputs(n, h, w, cin, cout, k, s, p)
+    span, parallel = D._folded_weight_grad_kernels(cout)
+    serial, pooled = (np.zeros((2, k, k, cin, cout), F32) for _ in range(2))
+    for t in range(2):
+        span(x, dy, serial, s, p, t, 2)
+    parallel(x, dy, pooled, s, p, 2)
+    assert serial.tobytes() == pooled.tobytes()
+
+
 @pytest.mark.parametrize("cin,cout,want_dx", [(16, 32, True), (32, 64, True), (3, 16, False), (16, 32, False)])
 def test_conv2d_backward_combines_the_direct_and_general_paths(cin, cout, want_dx):
-    """Both gradients direct (16->32), dx direct and dW by GEMM (32->64), both general (the stem, without
-    dx), dW direct without dx (16->32)."""
+    """Both gradients direct (16->32), dx direct and dW by GEMM (32->64), dW direct (folded) without dx (the
+    stem), dW direct without dx (16->32)."""
     n, h, w, k, s, p = 2, 7, 7, 3, 2, 1
     x, wt, dy, (want_dx_, f32_dx), (want_dw, f32_dw) = _backward_inputs(n, h, w, cin, cout, k, s, p)
     col = np.empty(n * 4 * 4 * k * k * cin, F32)
