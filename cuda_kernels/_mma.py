@@ -276,6 +276,24 @@ def _cp_async_16_at(typingctx, smem, window, byte_offset, src, index, valid):
     return sig, codegen
 
 
+@intrinsic
+def _cp_async_16_at_plus(typingctx, smem, window, byte_offset, src, index, plus, valid):
+    """``cp_async_16_at`` of element ``index + plus``, ``plus`` a constant after unrolling: the address is
+    ``&src[index]`` with a constant byte offset (an immediate of the ``LDGSTS``), so that one thread's chunks of one
+    row share a single address computation."""
+    sig = nbt.void(smem, nbt.uint32, nbt.int32, src, nbt.int32, nbt.int32, nbt.boolean)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[3])(context, builder, args[3]).data
+        row = builder.gep(data, [builder.sext(args[4], _I64)])
+        gptr = builder.ptrtoint(builder.gep(row, [builder.sext(args[5], _I64)]), _I64)
+        src_bytes = builder.select(args[6], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
+             "r,l,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def _window_zero(smem):
     return 0
 
@@ -290,6 +308,10 @@ def _ldmatrix_x4_trans_at_twin(smem, window, byte_offset):
 
 def _cp_async_16_at_twin(smem, window, byte_offset, src, index, valid):
     cp_async_16(smem, byte_offset, src, index if valid else 0, valid)
+
+
+def _cp_async_16_at_plus_twin(smem, window, byte_offset, src, index, plus, valid):
+    cp_async_16(smem, byte_offset, src, index + plus if valid else 0, valid)
 
 
 if SIMULATOR:
@@ -307,8 +329,8 @@ else:
     ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)
     cp_async_16, cp_async_commit, cp_async_wait = _cp_async_16, _cp_async_commit, _cp_async_wait
 if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
-    shared_window, cp_async_16_at = _window_zero, _cp_async_16_at_twin
+    shared_window, cp_async_16_at, cp_async_16_at_plus = _window_zero, _cp_async_16_at_twin, _cp_async_16_at_plus_twin
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
 else:
-    shared_window, cp_async_16_at = _shared_window, _cp_async_16_at
+    shared_window, cp_async_16_at, cp_async_16_at_plus = _shared_window, _cp_async_16_at, _cp_async_16_at_plus
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

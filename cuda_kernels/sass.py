@@ -121,7 +121,7 @@ def loop_stats(body):
 
 def access_bytes(ins):
     """Bytes one thread moves with a global load/store/atomic (``None`` for other instructions)."""
-    if ins.base not in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM"):
+    if ins.base not in ("LDG", "STG", "ATOMG", "RED", "REDG", "LDGSTS", "ATOM"):
         return None
     mods = ins.opcode.split(".")[1:]
     for mod, size in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1), ("F16x2", 4)):
@@ -131,8 +131,10 @@ def access_bytes(ins):
 
 
 def global_accesses(instructions):
-    """``{(kind, bytes): count}`` of the kernel's global accesses (static), kind ``load``/``store``/``atomic``/``cp.async``."""
-    kinds = {"LDG": "load", "STG": "store", "ATOMG": "atomic", "RED": "atomic", "ATOM": "atomic", "LDGSTS": "cp.async"}
+    """``{(kind, bytes): count}`` of the kernel's global accesses (static), kind ``load``/``store``/``atomic``/``cp.async``
+    (``atomic``: ``ATOMG``, and ``REDG``, sm_90's reduction whose result is unused, e.g. the weight gradient's adds)."""
+    kinds = {"LDG": "load", "STG": "store", "ATOMG": "atomic", "RED": "atomic", "REDG": "atomic", "ATOM": "atomic",
+             "LDGSTS": "cp.async"}
     found = {}
     for ins in instructions:
         size = access_bytes(ins)
