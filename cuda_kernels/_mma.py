@@ -45,8 +45,16 @@ read it back in 16-byte chunks for ``st_global_v4``.
     ``.nc`` (the read-only data path): only for arrays no thread of the kernel writes. The depthwise
     kernels' 8-channel vectors.
 ``unpack_half2(reg) -> (lo, hi)``: the two fp16 of a ``b32`` register (inverse of ``pack_half2``).
+
+``red_add_v4(array, index, v0, v1, v2, v3)``
+    ``red.global.add.v4.f32``: adds four fp32 to elements ``index .. index + 3`` of a 1-D fp32 array (``index % 4
+    == 0``, a 16-byte aligned array) in one 16-byte reduction (sm_90+, PTX ISA 8.1); compiled for an older target
+    (sm_80) it is four ``red.global.add.f32``. The weight gradient's epilogue.
+``swap_pair(v0, v1) -> (w0, w1)``: lane ``l``'s two fp32 as lane ``l ^ 1`` gave them (``shfl.sync.bfly`` of the full
+warp, every lane taking part).
 """
 from llvmlite import ir
+from numba import cuda
 from numba.cuda import types as nbt
 from numba.cuda.extending import intrinsic
 
@@ -224,6 +232,34 @@ def _st_global_v4(typingctx, array, index, r0, r1, r2, r3):
     return sig, codegen
 
 
+RED_V4_PTX = "red.global.add.v4.f32"
+RED_V4_CC = (9, 0)   # vector red: sm_90 and PTX ISA 8.1
+
+
+@intrinsic
+def _red_add_v4(typingctx, array, index, v0, v1, v2, v3):
+    """The target's compute capability is read while the calling kernel is lowered (numba's own ``tanh`` does the
+    same): one kernel body, compiled per target."""
+    sig = nbt.void(array, nbt.int32, nbt.float32, nbt.float32, nbt.float32, nbt.float32)
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda.core import targetconfig
+        address = _global_address(context, builder, sig.args[0], args[0], args[1])
+        if tuple(targetconfig.ConfigStack().top().compute_capability) >= RED_V4_CC:
+            red = RED_V4_PTX + " [g], {$1,$2,$3,$4};"
+        else:
+            red = " ".join(f"red.global.add.f32 [g+{4 * j}], ${j + 1};" for j in range(4))
+        _asm(builder, [], [address] + list(args[2:]), "{ .reg .u64 g; cvta.to.global.u64 g, $0; " + red + " }",
+             "l,f,f,f,f,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@cuda.jit(device=True)
+def _swap_pair(v0, v1):
+    return cuda.shfl_xor_sync(0xFFFFFFFF, v0, 1), cuda.shfl_xor_sync(0xFFFFFFFF, v1, 1)
+
+
 @intrinsic
 def _unpack_half2(typingctx, reg):
     sig = nbt.UniTuple(nbt.float16, 2)(nbt.uint32)
@@ -318,8 +354,9 @@ if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
                              ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
                              ld_shared_v4, pack_half2_device as pack_half2, st_global_v4, st_shared_b32,
-                             st_shared_v4, unpack_half2_device as unpack_half2)
+                             st_shared_v4, unpack_half2_device as unpack_half2, red_add_v4, swap_pair)
 else:
+    red_add_v4, swap_pair = _red_add_v4, _swap_pair
     pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
     st_shared_b32, ld_shared_v4 = _st_shared_b32, _ld_shared_v4
     ld_global_v4, ld_global_nc_v4 = _make_ld_global_v4(LD_GLOBAL_V4_PTX), _make_ld_global_v4(LD_GLOBAL_NC_V4_PTX)

@@ -2,7 +2,9 @@
 
 GEMM with M = Cout, N = KH*KW*Cin, reduced over output pixels, split over ``blockIdx.z``
 (``_conv._reduction_split``) and added into ``dw`` (zeroed first) with fp32 atomics, as the
-SIMT kernel does. Both operands are contiguous along M / N (channels), so their tiles are
+SIMT kernel does: ``Cin % 8 == 0`` by 16-byte reductions (``red.global.add.v4.f32`` on sm_90,
+four columns per lane after a lane pair swaps accumulators), stems by scalar ones.
+Both operands are contiguous along M / N (channels), so their tiles are
 stored with rows = pixels (padded rows, see ``mma_tiles``) and read with ``ldmatrix.trans``.
 Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
 computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
@@ -15,7 +17,7 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, cp_async_16_at_plus
+from ._mma import cp_async_16_at, cp_async_16_at_plus, red_add_v4, swap_pair
 from .mma_conv import step_tap, store_chunk, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
@@ -180,13 +182,30 @@ def make_wgrad(tile, any_channels=False):
             dst = (i32(r_a * A_ROW + (tid % A_G) * 16), i32(r_b * B_ROW + (tid % B_G) * 16))
             main_loop_aligned(smem, tiles, (dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo),
                               (i32(p0), a_idx, hh, ww, xo), warp_m, warp_n, acc)
-        for mi in range(MI):
-            for ni in range(NI):
-                for r in range(4):
-                    row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
-                    col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
-                    if row < gemm_m and col < gemm_n:
-                        cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
+        if any_channels:
+            for mi in range(MI):
+                for ni in range(NI):
+                    for r in range(4):
+                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
+                        col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
+                        if row < gemm_m and col < gemm_n:
+                            cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
+        else:   # 16-byte reductions (gemm_n % 8 == 0: every row 16-byte aligned, a quad wholly in or out of it).
+            # Lane 4g + t holds columns 2t, 2t + 1 of rows g and g + 8; the lane pair t, t ^ 1 swaps halves so that
+            # the even lane adds row g's four columns from 2 (t & 2), the odd lane row g + 8's. red_add_v4 is called
+            # here, in the kernel: it reads the target's compute capability (sm_80: four scalar reductions) while
+            # the kernel is lowered, and device functions are compiled once, for the current device
+            odd = (lane & 1) == 1
+            row = i32(i32(m0 + warp_m * WTM + (lane >> 2)) + (8 if odd else 0))
+            col = i32(n0 + warp_n * WTN + (lane & 2) * 2)
+            for mi in range(MI):
+                for ni in range(NI):
+                    c0, c1, c2, c3 = acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
+                    w0, w1 = swap_pair(c0 if odd else c2, c1 if odd else c3)   # every lane: before the bounds check
+                    r, c = i32(row + mi * 16), i32(col + ni * 8)
+                    if r < gemm_m and c < gemm_n:   # selects, not branches: one reduction in the code per quad
+                        red_add_v4(dw, i32(i32(r * gemm_n) + c), w0 if odd else c0, w1 if odd else c1,
+                                   c2 if odd else w0, c3 if odd else w1)
     return conv2d_backward_weight
 
 

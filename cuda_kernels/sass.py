@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# an opcode's modifiers may hold a lower-case vector width: REDG.E.ADD.F32x4, HADD2.F16x2
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*(?:x\d[A-Z0-9_.]*)?)\s*([^;]*);")
 BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 # sm_90: per SM, and the allocation granularities the occupancy calculator uses
 SM90 = dict(registers=65536, register_unit=256, warps=64, blocks=32, shared=233472, shared_reserved=1024)
@@ -124,7 +125,8 @@ def access_bytes(ins):
     if ins.base not in ("LDG", "STG", "ATOMG", "RED", "REDG", "LDGSTS", "ATOM"):
         return None
     mods = ins.opcode.split(".")[1:]
-    for mod, size in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1), ("F16x2", 4)):
+    for mod, size in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1), ("F16x2", 4),
+                      ("F32x4", 16), ("F32x2", 8)):   # REDG.E.ADD.F32x4: sm_90's vector reduction
         if mod in mods:
             return size
     return 4
