@@ -45,8 +45,16 @@ read it back in 16-byte chunks for ``st_global_v4``.
     ``.nc`` (the read-only data path): only for arrays no thread of the kernel writes. The depthwise
     kernels' 8-channel vectors.
 ``unpack_half2(reg) -> (lo, hi)``: the two fp16 of a ``b32`` register (inverse of ``pack_half2``).
+
+``red_add_v4(array, index, v0, v1, v2, v3)``
+    ``red.global.add.v4.f32``: adds four fp32 to elements ``index .. index + 3`` of a 1-D fp32 array (``index % 4
+    == 0``, a 16-byte aligned array) in one 16-byte reduction (sm_90+, PTX ISA 8.1); compiled for an older target
+    (sm_80) it is four ``red.global.add.f32``. The weight gradient's epilogue.
+``swap_pair(v0, v1) -> (w0, w1)``: lane ``l``'s two fp32 as lane ``l ^ 1`` gave them (``shfl.sync.bfly`` of the full
+warp, every lane taking part).
 """
 from llvmlite import ir
+from numba import cuda
 from numba.cuda import types as nbt
 from numba.cuda.extending import intrinsic
 
@@ -224,6 +232,34 @@ def _st_global_v4(typingctx, array, index, r0, r1, r2, r3):
     return sig, codegen
 
 
+RED_V4_PTX = "red.global.add.v4.f32"
+RED_V4_CC = (9, 0)   # vector red: sm_90 and PTX ISA 8.1
+
+
+@intrinsic
+def _red_add_v4(typingctx, array, index, v0, v1, v2, v3):
+    """The target's compute capability is read while the calling kernel is lowered (numba's own ``tanh`` does the
+    same): one kernel body, compiled per target."""
+    sig = nbt.void(array, nbt.int32, nbt.float32, nbt.float32, nbt.float32, nbt.float32)
+
+    def codegen(context, builder, sig, args):
+        from numba.cuda.core import targetconfig
+        address = _global_address(context, builder, sig.args[0], args[0], args[1])
+        if tuple(targetconfig.ConfigStack().top().compute_capability) >= RED_V4_CC:
+            red = RED_V4_PTX + " [g], {$1,$2,$3,$4};"
+        else:
+            red = " ".join(f"red.global.add.f32 [g+{4 * j}], ${j + 1};" for j in range(4))
+        _asm(builder, [], [address] + list(args[2:]), "{ .reg .u64 g; cvta.to.global.u64 g, $0; " + red + " }",
+             "l,f,f,f,f,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@cuda.jit(device=True)
+def _swap_pair(v0, v1):
+    return cuda.shfl_xor_sync(0xFFFFFFFF, v0, 1), cuda.shfl_xor_sync(0xFFFFFFFF, v1, 1)
+
+
 @intrinsic
 def _unpack_half2(typingctx, reg):
     sig = nbt.UniTuple(nbt.float16, 2)(nbt.uint32)
@@ -276,6 +312,24 @@ def _cp_async_16_at(typingctx, smem, window, byte_offset, src, index, valid):
     return sig, codegen
 
 
+@intrinsic
+def _cp_async_16_at_plus(typingctx, smem, window, byte_offset, src, index, plus, valid):
+    """``cp_async_16_at`` of element ``index + plus``, ``plus`` a constant after unrolling: the address is
+    ``&src[index]`` with a constant byte offset (an immediate of the ``LDGSTS``), so that one thread's chunks of one
+    row share a single address computation."""
+    sig = nbt.void(smem, nbt.uint32, nbt.int32, src, nbt.int32, nbt.int32, nbt.boolean)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[3])(context, builder, args[3]).data
+        row = builder.gep(data, [builder.sext(args[4], _I64)])
+        gptr = builder.ptrtoint(builder.gep(row, [builder.sext(args[5], _I64)]), _I64)
+        src_bytes = builder.select(args[6], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
+             "r,l,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def _window_zero(smem):
     return 0
 
@@ -292,12 +346,17 @@ def _cp_async_16_at_twin(smem, window, byte_offset, src, index, valid):
     cp_async_16(smem, byte_offset, src, index if valid else 0, valid)
 
 
+def _cp_async_16_at_plus_twin(smem, window, byte_offset, src, index, plus, valid):
+    cp_async_16(smem, byte_offset, src, index + plus if valid else 0, valid)
+
+
 if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
                              ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
                              ld_shared_v4, pack_half2_device as pack_half2, st_global_v4, st_shared_b32,
-                             st_shared_v4, unpack_half2_device as unpack_half2)
+                             st_shared_v4, unpack_half2_device as unpack_half2, red_add_v4, swap_pair)
 else:
+    red_add_v4, swap_pair = _red_add_v4, _swap_pair
     pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
     st_shared_b32, ld_shared_v4 = _st_shared_b32, _ld_shared_v4
     ld_global_v4, ld_global_nc_v4 = _make_ld_global_v4(LD_GLOBAL_V4_PTX), _make_ld_global_v4(LD_GLOBAL_NC_V4_PTX)
@@ -307,8 +366,8 @@ else:
     ldmatrix_x4_trans = _make_ldmatrix(LDMATRIX_TRANS_PTX)
     cp_async_16, cp_async_commit, cp_async_wait = _cp_async_16, _cp_async_commit, _cp_async_wait
 if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
-    shared_window, cp_async_16_at = _window_zero, _cp_async_16_at_twin
+    shared_window, cp_async_16_at, cp_async_16_at_plus = _window_zero, _cp_async_16_at_twin, _cp_async_16_at_plus_twin
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
 else:
-    shared_window, cp_async_16_at = _shared_window, _cp_async_16_at
+    shared_window, cp_async_16_at, cp_async_16_at_plus = _shared_window, _cp_async_16_at, _cp_async_16_at_plus
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

@@ -237,6 +237,28 @@ def ld_shared_v4(smem, byte_offset):
     return r[0], r[1], r[2], r[3]
 
 
+@cuda.jit(device=True)
+def red_add_v4(array, index, v0, v1, v2, v3):
+    """Twin of ``red.global.add.v4.f32``: four fp32 atomic adds from element ``index`` (``index % 4 == 0``)."""
+    if index % 4 or index < 0 or index + 4 > array.size:
+        raise ValueError(f"red.global.add.v4.f32: element {index} of an fp32 array of {array.size} is not the "
+                         f"start of a 16-byte vector inside it")
+    for j, v in enumerate((v0, v1, v2, v3)):
+        cuda.atomic.add(array, index + j, v)
+
+
+@cuda.jit(device=True)
+def swap_pair(v0, v1):
+    """Twin of two ``shfl.sync.bfly.b32`` with lane mask 1 (full warp): lane ``l`` gets lane ``l ^ 1``'s values."""
+    lane, warp = _lane_and_warp()
+    vals = cuda.shared.array((MAX_WARPS, WARP, 2), np.float32)
+    vals[warp, lane, :] = (v0, v1)
+    _warp_barrier(warp)
+    w0, w1 = vals[warp, lane ^ 1, 0], vals[warp, lane ^ 1, 1]
+    _warp_barrier(warp)
+    return w0, w1
+
+
 def cp_async_wait(pending):
     """Twin of ``cp.async.wait_group pending``: all but the newest ``pending`` groups land."""
     @cuda.jit(device=True)

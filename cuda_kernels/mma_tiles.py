@@ -209,7 +209,7 @@ def staged_barrier():
     cuda.syncthreads()
 
 
-def make_pipeline(tile, a_trans, b_trans, issue_next):
+def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None):
     """The ``STAGES``-deep ``cp.async`` main loop the forward, input- and weight-gradient kernels share:
 
         prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
@@ -227,6 +227,8 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
     ``stage_layout`` gives; ``window``: ``shared_window(smem)``) and returns ``state`` advanced by ``BK``: two
     tuples of the kernel's choosing, ``operands`` fixed (arrays: kept out of the loop-carried state, LLVM then
     keeps the per-thread coordinate arrays in registers), ``state`` scalars of unchanging types.
+    ``issue_first`` (default ``issue_next``), with the same signature, stages k-tile 0 (in the prologue): a kernel whose
+    only partial k-tile is its first checks rows there, and the loop's ``issue_next`` need not.
     ``main_loop(smem, tiles, operands, state, warp_m, warp_n, acc)`` zeroes the warp's fp32 accumulators
     ``acc[mi, ni, 4]``, runs ``tiles`` k-tiles and returns with every copy landed (an epilogue that
     reuses ``smem`` syncs the block first)."""
@@ -237,6 +239,7 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
     fragment_offsets, warp_step = make_warp_step(tile, a_trans, b_trans)
     wait_stage, wait_all = cp_async_wait(STAGES - 2), cp_async_wait(0)
     i32 = nbt.int32
+    issue_zero = issue_first or issue_next
 
     @cuda.jit(device=True)
     def k_tile(smem, window, read, operands, state, a_off, b_off, acc):
@@ -263,7 +266,10 @@ def make_pipeline(tile, a_trans, b_trans, issue_next):
         # stage 0 and runs whole rounds of STAGES k-tiles (counter, compare and branch once per round)
         rest = i32(tiles - i32(i32(tiles // STAGES) * STAGES))
         first = i32(STAGES - rest) if rest > 0 else i32(0)
-        for stage in range(STAGES - 1):
+        if tiles > 0:
+            state = issue_zero(smem, window, first, operands, state)
+        cp_async_commit()
+        for stage in range(1, STAGES - 1):
             if stage < tiles:
                 state = issue_next(smem, window, i32(first + stage) % STAGES, operands, state)
             cp_async_commit()

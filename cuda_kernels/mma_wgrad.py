@@ -2,7 +2,9 @@
 
 GEMM with M = Cout, N = KH*KW*Cin, reduced over output pixels, split over ``blockIdx.z``
 (``_conv._reduction_split``) and added into ``dw`` (zeroed first) with fp32 atomics, as the
-SIMT kernel does. Both operands are contiguous along M / N (channels), so their tiles are
+SIMT kernel does: ``Cin % 8 == 0`` by 16-byte reductions (``red.global.add.v4.f32`` on sm_90,
+four columns per lane after a lane pair swaps accumulators), stems by scalar ones.
+Both operands are contiguous along M / N (channels), so their tiles are
 stored with rows = pixels (padded rows, see ``mma_tiles``) and read with ``ldmatrix.trans``.
 Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
 computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
@@ -17,12 +19,12 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at
+from ._mma import cp_async_16_at, cp_async_16_at_plus, red_add_v4, swap_pair
 from .mma_conv import step_tap, store_chunk, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
                          shared_array_words, stage_layout)
-from .registry import F1, H1, ZERO, flat, nbt
+from .registry import F1, H1, ZERO, flat, geometry, int32_tuple, nbt
 
 f16, i32, u32 = nbt.float16, nbt.int32, nbt.uint32
 _FAR = -(1 << 24)   # a tap row that no pixel reaches: columns past N
@@ -39,6 +41,10 @@ def make_wgrad(tile, any_channels=False):
     A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=True, b_trans=True)
     SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=True, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
+    # the aligned kernel: a thread's chunks of one row, A_G / B_G chunk columns apart (every tile: one row each)
+    A_G, B_G = A_CPR // A_LOADS, B_CPR // B_LOADS
+    if A_G * BK != T or B_G * BK > T or A_CPR % A_LOADS or B_CPR % B_LOADS:
+        raise ValueError(f"tile {tile.name}: the weight gradient's rows do not map one per thread")
 
     @cuda.jit(device=True)
     def issue(smem, window, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
@@ -77,34 +83,38 @@ def make_wgrad(tile, any_channels=False):
 
     main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next)
 
-    @cuda.jit(device=True)
-    def issue_aligned(smem, window, dy, x, stage, p0, a_idx, a_add, a_lim, b_lim, ww, hh, xo, dst, geo):
-        """Cin % 8 == 0: each B row's pixel held as its tap's (hh, ww) and x offset ``xo`` (``step_pixels``)."""
-        a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
-        for i in range(A_LOADS):   # rows past the split's pixels zero-fill (dy: the product is then 0)
-            if A_LOADS * A_RPP == BK or i32(cuda.threadIdx.x) // A_CPR + i * A_RPP < BK:
-                cp_async_16_at(smem, window, i32(a_dst + i * A_RPP * A_ROW), dy, i32(a_idx + a_add[i]), p0 < a_lim[i])
-        for i in range(B_LOADS):   # unsigned compares: negative rows / columns (padding) are out of range too
-            if B_LOADS * B_RPP == BK or i32(cuda.threadIdx.x) // B_CPR + i * B_RPP < BK:
-                cp_async_16_at(smem, window, i32(b_dst + i * B_RPP * B_ROW), x, xo[i],
-                               p0 < b_lim[i] and u32(hh[i]) < u32(geo[4]) and u32(ww[i]) < u32(geo[5]))
+    def make_issue_aligned(first):
+        """Cin % 8 == 0: each thread stages one row (pixel) of each operand, ``A_LOADS`` / ``B_LOADS`` chunk columns
+        ``A_G`` / ``B_G`` chunks apart: dy's at constant offsets from one address, x's at their own taps from the
+        row's (hh, ww) and x offset ``xo``, moved on by ``BK`` pixels with adds and two wrap-arounds. The reduction is
+        shifted so that its one partial k-tile is split 0's first (``first``: rows before pixel 0 zero-fill); any
+        other k-tile is whole or, issued past the end by the pipeline, wholly zero-filled."""
+        @cuda.jit(device=True)
+        def issue_aligned(smem, window, stage, operands, state):
+            dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo = operands
+            p0, a_idx, hh, ww, xo = state
+            a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
+            ok = p0 < p_end
+            for j in range(A_LOADS):   # columns past M (a_lim: never valid) and rows past the pixels zero-fill
+                cp_async_16_at_plus(smem, window, i32(a_dst + j * A_G * 16), dy, a_idx, j * A_G * CHUNK,
+                                    p0 >= a_first[j] if first else p0 < a_lim[j])
+            if B_G * BK == T or i32(cuda.threadIdx.x) < B_G * BK:   # unsigned: negative (padding) is out of range
+                for j in range(B_LOADS):
+                    cp_async_16_at(smem, window, i32(b_dst + j * B_G * 16), x, i32(xo + b_tap[j]),
+                                   (p0 >= b_ok[j] if first else ok) & (u32(i32(hh + b_kh[j])) < u32(geo[4]))
+                                   & (u32(i32(ww + b_kw[j])) < u32(geo[5])))   # ``&``: no branches
+            w2, h2, o2 = i32(ww + steps[0]), i32(hh + steps[1]), i32(xo + steps[2])
+            wrap = w2 >= steps[9]   # the row's pixel on by BK: ow wraps into oh, oh into b
+            w2, h2, o2 = (i32(w2 + steps[3]), i32(h2 + steps[4]), i32(o2 + steps[5])) if wrap else (w2, h2, o2)
+            wrap = h2 >= steps[10]
+            h2, o2 = (i32(h2 + steps[6]), i32(o2 + steps[7])) if wrap else (h2, o2)
+            return i32(p0 + BK), i32(a_idx + steps[8]), h2, w2, o2
+        return issue_aligned
 
-    @cuda.jit(device=True)
-    def issue_next_aligned(smem, window, stage, operands, state):
-        dy, x, a_add, a_lim, b_lim, ww, hh, xo, dst, ends, deltas, geo = operands
-        p0, a_idx = state
-        issue_aligned(smem, window, dy, x, stage, p0, a_idx, a_add, a_lim, b_lim, ww, hh, xo, dst, geo)
-        for i in range(B_LOADS):   # each row's pixel on by BK: adds and two wrap-arounds (ow into oh, oh into b)
-            w2, h2, o2 = i32(ww[i] + deltas[0]), i32(hh[i] + deltas[1]), i32(xo[i] + deltas[2])
-            wrap = w2 >= ends[0]
-            w2, h2, o2 = (i32(w2 + deltas[3]), i32(h2 + geo[12]), i32(o2 + deltas[4])) if wrap else (w2, h2, o2)
-            wrap = h2 >= ends[1]
-            ww[i], hh[i], xo[i] = w2, (i32(h2 + deltas[5]) if wrap else h2), (i32(o2 + deltas[6]) if wrap else o2)
-        return i32(p0 + BK), i32(a_idx + deltas[7])
+    main_loop_aligned = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=make_issue_aligned(False),
+                                      issue_first=make_issue_aligned(True))
 
-    main_loop_aligned = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next_aligned)
-
-    def conv2d_backward_weight(dy, x, dw, geo):
+    def conv2d_backward_weight(dy, x, dw, geo, steps):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         pb = cuda.local.array(B_LOADS, nbt.int32)
@@ -141,66 +151,106 @@ def make_wgrad(tile, any_channels=False):
                                     geo), i32(p0), warp_m, warp_n, acc)
         else:
             h_, w_, c_out, s, p = geo[4], geo[5], geo[9], geo[12], geo[13]
-            a_add = cuda.local.array(A_LOADS, nbt.int32)
+            # the reduction shifted back by its pixels' shortfall from whole k-tiles (chunks are whole k-tiles): the
+            # one partial k-tile is then split 0's first, rows before pixel 0
+            p0 = i32(i32(cuda.blockIdx.z * chunk) - i32(i32(BK - i32(pixels % BK)) % BK))
+            p_end = min(pixels, i32(p0 + chunk))
+            tiles = i32(i32(p_end - p0) // BK)
+            a_first = cuda.local.array(A_LOADS, nbt.int32)
             a_lim = cuda.local.array(A_LOADS, nbt.int32)
-            b_lim = cuda.local.array(B_LOADS, nbt.int32)
-            ww = cuda.local.array(B_LOADS, nbt.int32)
-            hh = cuda.local.array(B_LOADS, nbt.int32)
-            xo = cuda.local.array(B_LOADS, nbt.int32)
-            for i in range(A_LOADS):   # dy row r of the k-tile at p0: (p0 + r) c_out + co, while p0 + r < p_end
-                r = i32(tid // A_CPR + i * A_RPP)
-                a_add[i], a_lim[i] = i32(r * c_out), i32(p_end - r)
-            # columns past M / N read column M - 8's / N - 8's tap (never stored): only pixels and padding zero-fill
-            co = min(i32(co), i32(c_out - CHUNK))
-            n = min(i32(n), i32(gemm_n - CHUNK))
-            ci, t = i32(n % c_in), i32(n // c_in)
-            kw, kh = i32(t % kw_), i32(t // kw_)
-            for i in range(B_LOADS):   # x row r: pixel q = p0 + r = (b, oh, ow) at tap (kh, kw, ci)
-                r = i32(tid // B_CPR + i * B_RPP)
-                q = i32(p0 + r)
-                ow, t = i32(q % ow_), i32(q // ow_)
-                oh, b = i32(t % oh_), i32(t // oh_)
-                ww[i], hh[i] = i32(i32(ow * s) + kw - p), i32(i32(oh * s) + kh - p)
-                xo[i] = i32(i32(i32(i32(b * h_) + hh[i]) * w_ + ww[i]) * c_in) + ci
-                b_lim[i] = i32(p_end - r)
-            step = tap_of(i32(BK), ow_, oh_)   # BK pixels: (ow, oh, b) steps
-            ends = (i32(i32(ow_ * s) + kw - p), i32(i32(oh_ * s) + kh - p))
-            row = i32(w_ * c_in)
-            deltas = (i32(step[0] * s), i32(step[1] * s),
-                      i32(i32(i32(step[2] * h_) * row) + i32(i32(step[1] * s) * row) + i32(i32(step[0] * s) * c_in)),
-                      i32(-ow_ * s), i32(i32(s * row) - i32(i32(ow_ * s) * c_in)),
-                      i32(-oh_ * s), i32(i32(h_ * row) - i32(i32(oh_ * s) * row)), i32(BK * c_out))
-            dst = (i32(i32(tid // A_CPR) * A_ROW + (tid % A_CPR) * 16), i32(i32(tid // B_CPR) * B_ROW + (tid % B_CPR) * 16))
-            main_loop_aligned(smem, tiles, (dy, x, a_add, a_lim, b_lim, ww, hh, xo, dst, ends, deltas, geo),
-                              (i32(p0), i32(i32(p0 * c_out) + co)), warp_m, warp_n, acc)
-        # dw's rows hold KH*KW*channels: fewer than x's where x is a stem's zero-padded input; its padded columns
-        # are left out (in the aligned kernel, Cin % 8 == 0, each group of 8 columns lies in one tap)
-        dw_row = i32(dw.size // gemm_m)
-        channels = i32(dw_row // (geo[10] * kw_))
-        group = i32(n0 + warp_n * WTN)            # the first of this thread's ni groups of 8 columns
-        first, tap_col = i32(group % c_in), i32(i32(group // c_in) * channels)
-        for ni in range(NI):
+            b_kh = cuda.local.array(B_LOADS, nbt.int32)
+            b_kw = cuda.local.array(B_LOADS, nbt.int32)
+            b_tap = cuda.local.array(B_LOADS, nbt.int32)
+            b_ok = cuda.local.array(B_LOADS, nbt.int32)
+            r_a = i32(tid // A_G)   # dy row r of the k-tile at p0: (p0 + r) c_out + co_j, a pixel where p0 >= -r
+            co = i32(m0 + i32(tid % A_G) * CHUNK)
+            for j in range(A_LOADS):   # first k-tile: valid where p0 >= a_first; later ones: where p0 < a_lim
+                col_ok = co + j * A_G * CHUNK < c_out
+                a_first[j] = i32(-r_a) if col_ok else i32(1 << 30)
+                a_lim[j] = p_end if col_ok else i32(-(1 << 30))
+            a_idx = i32(i32(i32(p0 + r_a) * c_out) + co)
+            r_b = i32(tid // B_G)   # x row r_b: pixel q = p0 + r_b = (b, oh, ow); q < 0: b < 0
+            q = i32(p0 + r_b)
+            ow, t = i32(q % ow_), i32(q // ow_)
+            oh, b = i32(t % oh_), i32(t // oh_)
+            hh, ww = i32(i32(oh * s) - p), i32(i32(ow * s) - p)
+            xo = i32(i32(i32(i32(b * h_) + hh) * w_ + ww) * c_in)
+            for j in range(B_LOADS):   # column j's tap; columns past N read column N - 8's (never stored)
+                n = min(i32(i32(n0 + i32(tid % B_G) * CHUNK) + j * B_G * CHUNK), i32(gemm_n - CHUNK))
+                ci, t = i32(n % c_in), i32(n // c_in)
+                b_kw[j], b_kh[j] = i32(t % kw_), i32(t // kw_)
+                b_tap[j] = i32(i32(i32(b_kh[j] * w_) + b_kw[j]) * c_in) + ci
+                b_ok[j] = i32(-r_b)
+            dst = (i32(r_a * A_ROW + (tid % A_G) * 16), i32(r_b * B_ROW + (tid % B_G) * 16))
+            main_loop_aligned(smem, tiles, (dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo),
+                              (i32(p0), a_idx, hh, ww, xo), warp_m, warp_n, acc)
+        dw_row = i32(dw.size // gemm_m)   # gemm_n, or fewer where x is a stem's zero-padded input
+        if any_channels:
             for mi in range(MI):
-                for r in range(4):
-                    row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
-                    j = (lane & 3) * 2 + (r & 1)
-                    if any_channels:
-                        if row < gemm_m and group + j < gemm_n:
-                            cuda.atomic.add(dw, row * gemm_n + group + j, acc[mi, ni, r])
-                    elif row < gemm_m and group + j < gemm_n and first + j < channels:
-                        cuda.atomic.add(dw, row * dw_row + tap_col + first + j, acc[mi, ni, r])
-            group = i32(group + 8)
-            first = i32(first + 8)
-            if first == c_in:   # the next tap
-                first, tap_col = i32(0), i32(tap_col + channels)
+                for ni in range(NI):
+                    for r in range(4):
+                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
+                        col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
+                        if row < gemm_m and col < gemm_n:
+                            cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
+        elif dw_row != gemm_n:
+            # a stem's zero-padded input: dw's rows hold KH*KW*channels, fewer than x's, and its padded columns
+            # are left out (in the aligned kernel, Cin % 8 == 0, each group of 8 columns lies in one tap)
+            channels = i32(dw_row // (geo[10] * kw_))
+            group = i32(n0 + warp_n * WTN)            # the first of this thread's ni groups of 8 columns
+            first, tap_col = i32(group % c_in), i32(i32(group // c_in) * channels)
+            for ni in range(NI):
+                for mi in range(MI):
+                    for r in range(4):
+                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
+                        j = (lane & 3) * 2 + (r & 1)
+                        if row < gemm_m and group + j < gemm_n and first + j < channels:
+                            cuda.atomic.add(dw, row * dw_row + tap_col + first + j, acc[mi, ni, r])
+                group = i32(group + 8)
+                first = i32(first + 8)
+                if first == c_in:   # the next tap
+                    first, tap_col = i32(0), i32(tap_col + channels)
+        else:   # 16-byte reductions (gemm_n % 8 == 0: every row 16-byte aligned, a quad wholly in or out of it).
+            # Lane 4g + t holds columns 2t, 2t + 1 of rows g and g + 8; the lane pair t, t ^ 1 swaps halves so that
+            # the even lane adds row g's four columns from 2 (t & 2), the odd lane row g + 8's. red_add_v4 is called
+            # here, in the kernel: it reads the target's compute capability (sm_80: four scalar reductions) while
+            # the kernel is lowered, and device functions are compiled once, for the current device
+            odd = (lane & 1) == 1
+            row = i32(i32(m0 + warp_m * WTM + (lane >> 2)) + (8 if odd else 0))
+            col = i32(n0 + warp_n * WTN + (lane & 2) * 2)
+            for mi in range(MI):
+                for ni in range(NI):
+                    c0, c1, c2, c3 = acc[mi, ni, 0], acc[mi, ni, 1], acc[mi, ni, 2], acc[mi, ni, 3]
+                    w0, w1 = swap_pair(c0 if odd else c2, c1 if odd else c3)   # every lane: before the bounds check
+                    r, c = i32(row + mi * 16), i32(col + ni * 8)
+                    if r < gemm_m and c < gemm_n:   # selects, not branches: one reduction in the code per quad
+                        red_add_v4(dw, i32(i32(r * gemm_n) + c), w0 if odd else c0, w1 if odd else c1,
+                                   c2 if odd else w0, c3 if odd else w1)
     return conv2d_backward_weight
+
+
+WGRAD_STEPS = geometry(11)
+
+
+def pixel_steps(x_shape, dy_shape, stride, pad):
+    """The aligned kernel's constants for moving a B row's pixel on by ``BK`` (int32, computed here so that the
+    main loop reads them as parameters instead of recomputing products): ``ww, hh, xo`` by the step, by the ``ow``
+    wrap, by the ``oh`` wrap, dy's index by ``BK`` pixels, and where ``ww`` and ``hh`` wrap."""
+    _, h, w, c_in = x_shape
+    _, oh, ow, c_out = dy_shape
+    s, row = stride, w * c_in
+    s0, t = BK % ow, BK // ow
+    s1, s2 = t % oh, t // oh
+    return int32_tuple(s0 * s, s1 * s, s2 * h * row + s1 * s * row + s0 * s * c_in,
+                       -ow * s, s, s * row - ow * s * c_in, -oh * s, h * row - oh * s * row, BK * c_out,
+                       ow * s - pad, oh * s - pad)
 
 
 # every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
 WGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=True, b_trans=True) <= SMALLEST_MAX_SHARED)
 WGRAD = {(tile, any_channels): mma_kernel(
     f"mma_conv2d_backward_weight{'_any_channels' if any_channels else ''}_{tile.name}",
-    (H1, H1, F1, CONV_GEOMETRY), pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile, any_channels))
+    (H1, H1, F1, CONV_GEOMETRY, WGRAD_STEPS), pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile, any_channels))
     for tile in WGRAD_TILES for any_channels in (False, True)}
 
 
@@ -230,4 +280,4 @@ def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
     geo = _conv.conv_geometry(x.shape, w.shape, dy.shape, stride, pad, 1, c_out, gemm_n, pixels, chunk)
     fill_zero(launcher, dw)
     launcher.launch(WGRAD[tile, c_in % CHUNK != 0], (math.ceil(c_out / tile.bm), math.ceil(gemm_n / tile.bn), splits), tile.threads,
-                    flat(dy), flat(x), flat(dw), geo)
+                    flat(dy), flat(x), flat(dw), geo, pixel_steps(x.shape, dy.shape, stride, pad))

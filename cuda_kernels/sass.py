@@ -17,7 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+# an opcode's modifiers may hold a lower-case vector width: REDG.E.ADD.F32x4, HADD2.F16x2
+SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*(?:x\d[A-Z0-9_.]*)?)\s*([^;]*);")
 BRANCH_TARGET = re.compile(r"0x([0-9a-f]+)")
 # sm_90: per SM, and the allocation granularities the occupancy calculator uses
 SM90 = dict(registers=65536, register_unit=256, warps=64, blocks=32, shared=233472, shared_reserved=1024)
@@ -121,18 +122,21 @@ def loop_stats(body):
 
 def access_bytes(ins):
     """Bytes one thread moves with a global load/store/atomic (``None`` for other instructions)."""
-    if ins.base not in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM"):
+    if ins.base not in ("LDG", "STG", "ATOMG", "RED", "REDG", "LDGSTS", "ATOM"):
         return None
     mods = ins.opcode.split(".")[1:]
-    for mod, size in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1), ("F16x2", 4)):
+    for mod, size in (("128", 16), ("64", 8), ("U16", 2), ("S16", 2), ("U8", 1), ("S8", 1), ("F16x2", 4),
+                      ("F32x4", 16), ("F32x2", 8)):   # REDG.E.ADD.F32x4: sm_90's vector reduction
         if mod in mods:
             return size
     return 4
 
 
 def global_accesses(instructions):
-    """``{(kind, bytes): count}`` of the kernel's global accesses (static), kind ``load``/``store``/``atomic``/``cp.async``."""
-    kinds = {"LDG": "load", "STG": "store", "ATOMG": "atomic", "RED": "atomic", "ATOM": "atomic", "LDGSTS": "cp.async"}
+    """``{(kind, bytes): count}`` of the kernel's global accesses (static), kind ``load``/``store``/``atomic``/``cp.async``
+    (``atomic``: ``ATOMG``, and ``REDG``, sm_90's reduction whose result is unused, e.g. the weight gradient's adds)."""
+    kinds = {"LDG": "load", "STG": "store", "ATOMG": "atomic", "RED": "atomic", "REDG": "atomic", "ATOM": "atomic",
+             "LDGSTS": "cp.async"}
     found = {}
     for ins in instructions:
         size = access_bytes(ins)

@@ -157,6 +157,17 @@ def test_mma_kernel_assembles_with_tensor_cores_and_no_spills(name, cc):
     assert blocks >= tile.design_blocks_per_sm, f"{name}: {info.registers} registers allow {blocks} blocks per SM"
 
 
+def test_the_weight_gradients_vector_reduction_follows_the_target():
+    """``red.global.add.v4.f32`` needs sm_90: the aligned weight gradient has it there and, compiled for sm_80 (in the
+    same process, whose device functions are compiled once for sm_90), four scalar ``red.global.add.f32`` instead."""
+    spec = MMA_KERNELS["mma_conv2d_backward_weight_128x128x32"]
+    sm80, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=(8, 0))
+    sm90, _ = cuda.compile_ptx(spec.pyfunc, spec.signature, cc=(9, 0))
+    assert "red.global.add.v4.f32" in sm90 and "red.global.add.f32 " not in sm90
+    assert "red.global.add.v4.f32" not in sm80 and sm80.count("red.global.add.f32 ") == 4 * sm90.count(
+        "red.global.add.v4.f32")
+
+
 def test_gpu_check_static_writes_one_record_per_kernel_and_architecture(monkeypatch, tmp_path, capsys):
     """``python -m benchmarks.gpu.check --static`` (item 5 of issue 12) on one kernel, the 128x128 input gradient (dynamic shared
     memory): its printed row and JSON Lines records carry what the PTX tier checks above."""
