@@ -5,8 +5,9 @@ laid out once, tensors back to back in plan order, each 256-byte aligned; the fp
 that mirror a parameter (params, grads, optimizer state) align each tensor to 512 bytes, so
 that the fp16 weight copies can sit at exactly half those offsets (still 256-aligned): grads,
 optimizer state and fp16 weights mirror the parameter layout element for element, and one
-kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast); after the mirror, weights16 holds the stems' fp16 copies padded to the input's
-padded channels. Saved activations (written in forward, read in backward) and transient
+kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast); after the mirror, weights16
+holds the stems' fp16 copies padded to the input's padded channels. Saved activations (written in
+forward, read in backward) and transient
 tensors (everything else that lives inside one step) get offsets from their lifetimes over
 the op schedule: lifetimes -> best-fit allocator, greedy by size and other orders (planner.memory_alloc) ->
 offsets. The eval graph's transients overlay the train graph's in the same region.
