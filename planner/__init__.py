@@ -1,6 +1,6 @@
 """The planner: BluePrint -> ArchPlan (expander + passes) -> CompiledPlan (shapes, graphs, memory)."""
 from planner import _build
-from planner._arch import ArchLayer, ArchPlan
+from planner._arch import NETWORK_INPUT, ArchLayer, ArchPlan
 from planner._expand_error import ExpandError
 from planner.expand import arch_plan_from_blueprint
 
@@ -12,4 +12,4 @@ def build_kind() -> str:
     return _build.build_kind()
 
 
-__all__ = ["ArchLayer", "ArchPlan", "ExpandError", "arch_plan_from_blueprint", "build_kind"]
+__all__ = ["NETWORK_INPUT", "ArchLayer", "ArchPlan", "ExpandError", "arch_plan_from_blueprint", "build_kind"]

@@ -4,9 +4,9 @@ step, each timed by CUDA events around it (``protocol.timed_replay``), joined wi
 tells whether the model or the kernel is wrong (a ratio far from 1 on one pass of one shape points
 at that kernel; on every row alike, at the model).
 
-A launch is a GEMM launch when its last argument is the convolution geometry (``GEOMETRY_FIELDS``:
-every convolution, depthwise and linear kernel of both families takes one, a linear layer as a 1x1
-convolution over one-pixel images); its pass comes from the kernel's name, its family from the
+A launch is a GEMM launch when it takes the convolution geometry (``GEOMETRY_FIELDS``, its last argument or
+the one before: every convolution, depthwise and linear kernel of both families takes one, a linear layer
+as a 1x1 convolution over one-pixel images); its pass comes from the kernel's name, its family from the
 ``mma_`` prefix. Layers are told apart by shape and order: the i-th forward launch of a shape is
 layer i of that shape and the backward launches of the shape are matched last-first (backward runs
 the layers in reverse). Layers of one shape share one prediction, so a mismatch between two of them
@@ -34,12 +34,15 @@ def gemm_pass(kernel_name):
 
 
 def launch_geometry(entry):
-    """``{field: int}`` of a kernel entry whose last argument is the convolution geometry, else None."""
+    """``{field: int}`` of a kernel entry that takes the convolution geometry, else None: its last argument, or
+    the one before where the kernel adds its own constants after it (the weight gradient's pixel steps)."""
     args = getattr(entry, "args", ())
-    last = args[-1] if args else None
-    if entry.kind != "kernel" or not isinstance(last, tuple) or len(last) != len(GEOMETRY_FIELDS):
+    if entry.kind != "kernel":
         return None
-    return dict(zip(GEOMETRY_FIELDS, (int(v) for v in last)))
+    for arg in args[-2:][::-1]:
+        if isinstance(arg, tuple) and len(arg) == len(GEOMETRY_FIELDS):
+            return dict(zip(GEOMETRY_FIELDS, (int(v) for v in arg)))
+    return None
 
 
 def _shape_key(g):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from blueprint import BluePrint, add2, fc, identity, seq, zoo
-from planner import ArchPlan
-from planner._arch import NETWORK_INPUT
+from planner import NETWORK_INPUT, ArchPlan
 from planner.compiler import Compiler
 from planner.plan import (
     INPUT_GRADIENTS, Op, Operand, ParamSpec, Region, Role, TensorSpec, new_record, role_named,
