@@ -29,6 +29,9 @@ global memory as ``(array, element_index)``.
     ``cp_async_wait(n)`` returns the device function ``cp.async.wait_group n`` (the copies of all but the newest ``n`` committed
     groups are visible to this thread; a ``syncthreads`` makes them visible to the block).
 
+``cp_async_16_from(smem, window, byte_offset, src, row, plus, valid)``: ``cp_async_16_at`` of element ``row + plus``,
+the address ``&src[row]`` plus ``plus`` elements added in 64 bits (``row`` fixed along the main loop, ``plus`` moving).
+
 ``shared_address(smem, byte_offset) -> uint32``: the 32-bit shared-window address (``cvta.to.shared``).
 
 ``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
@@ -330,8 +333,33 @@ def _cp_async_16_at_plus(typingctx, smem, window, byte_offset, src, index, plus,
     return sig, codegen
 
 
+@intrinsic
+def _cp_async_16_from(typingctx, smem, window, byte_offset, src, row, plus, valid):
+    """``cp_async_16_at`` of element ``row + plus``, the address ``&src[row]`` plus ``plus`` elements added as 64-bit
+    integers (a second ``gep`` would be merged back into one of ``row + plus``): where ``row`` does not change along
+    the main loop (and ``plus`` does), ``&src[row]`` is computed once, before it, and each copy's address is one
+    ``IMAD.WIDE`` (the 32-bit index sum ``row + plus`` costs an add before it). Exact where ``row + plus``, the copied
+    element, is in the array."""
+    sig = nbt.void(smem, nbt.uint32, nbt.int32, src, nbt.int32, nbt.int32, nbt.boolean)
+
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[3])(context, builder, args[3]).data
+        base = builder.ptrtoint(builder.gep(data, [builder.sext(args[4], _I64)]), _I64)
+        size = context.get_abi_sizeof(context.get_data_type(sig.args[3].dtype))
+        gptr = builder.add(base, builder.mul(builder.sext(args[5], _I64), ir.Constant(_I64, size)))
+        src_bytes = builder.select(args[6], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
+             "r,l,r,~{memory}")
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def _window_zero(smem):
     return 0
+
+
+def _cp_async_16_from_twin(smem, window, byte_offset, src, row, plus, valid):
+    cp_async_16(smem, byte_offset, src, row + plus if valid else 0, valid)
 
 
 def _ldmatrix_x4_at_twin(smem, window, byte_offset):
@@ -367,7 +395,9 @@ else:
     cp_async_16, cp_async_commit, cp_async_wait = _cp_async_16, _cp_async_commit, _cp_async_wait
 if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
     shared_window, cp_async_16_at, cp_async_16_at_plus = _window_zero, _cp_async_16_at_twin, _cp_async_16_at_plus_twin
+    cp_async_16_from = _cp_async_16_from_twin
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
 else:
     shared_window, cp_async_16_at, cp_async_16_at_plus = _shared_window, _cp_async_16_at, _cp_async_16_at_plus
+    cp_async_16_from = _cp_async_16_from
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

@@ -15,7 +15,7 @@ from numba import cuda
 
 from . import _conv
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, ld_global_v4, pack_half2, st_global_v4, unpack_half2
+from ._mma import cp_async_16_from, ld_global_v4, pack_half2, st_global_v4, unpack_half2
 from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel, staged_barrier,
@@ -67,11 +67,11 @@ def make_dgrad(tile):
         q = u32(bx | by) if k_ok else u32(1 << MAX_TAPS)
         for i in range(A_LOADS):
             if A_LOADS * A_RPP == BM or (tid >> 2) + i * A_RPP < BM:   # where a pass overhangs the tile
-                cp_async_16_at(smem, window, i32(a_dst + i * A_RPP * BK * 2), dy, i32(a_base[i] + off),
-                               u32(q & a_miss[i]) == u32(0))
+                cp_async_16_from(smem, window, i32(a_dst + i * A_RPP * BK * 2), dy, a_base[i], off,
+                                 u32(q & a_miss[i]) == u32(0))
         for i in range(B_LOADS):   # k0 + 8 c + j < gemm_k where k = k0 + 8 c < gemm_k (both multiples of 8)
             if B_LOADS * JSTEP == CHUNK or (tid >> 2) // B_CPR + i * JSTEP < CHUNK:
-                cp_async_16_at(smem, window, i32(b_dst + i * JSTEP * B_ROW), w, i32(b_off + b_add[i]), k_ok)
+                cp_async_16_from(smem, window, i32(b_dst + i * JSTEP * B_ROW), w, b_add[i], b_off, k_ok)
 
     @cuda.jit(device=True)
     def issue_next(smem, window, stage, operands, state):

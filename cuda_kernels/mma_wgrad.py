@@ -19,7 +19,7 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, cp_async_16_at_plus, red_add_v4, swap_pair
+from ._mma import cp_async_16_at, cp_async_16_at_plus, cp_async_16_from, red_add_v4, swap_pair
 from .mma_conv import step_tap, store_chunk, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
@@ -100,12 +100,14 @@ def make_wgrad(tile, any_channels=False):
                                     p0 >= a_first[j] if first else p0 < a_lim[j])
             if B_G * BK == T or i32(cuda.threadIdx.x) < B_G * BK:   # unsigned: negative (padding) is out of range
                 for j in range(B_LOADS):
-                    cp_async_16_at(smem, window, i32(b_dst + j * B_G * 16), x, i32(xo + b_tap[j]),
-                                   (p0 >= b_ok[j] if first else ok) & (u32(i32(hh + b_kh[j])) < u32(geo[4]))
-                                   & (u32(i32(ww + b_kw[j])) < u32(geo[5])))   # ``&``: no branches
-            w2, h2, o2 = i32(ww + steps[0]), i32(hh + steps[1]), i32(xo + steps[2])
-            wrap = w2 >= steps[9]   # the row's pixel on by BK: ow wraps into oh, oh into b
-            w2, h2, o2 = (i32(w2 + steps[3]), i32(h2 + steps[4]), i32(o2 + steps[5])) if wrap else (w2, h2, o2)
+                    cp_async_16_from(smem, window, i32(b_dst + j * B_G * 16), x, b_tap[j], xo,
+                                     (p0 >= b_ok[j] if first else ok) & (u32(i32(hh + b_kh[j])) < u32(geo[4]))
+                                     & (u32(i32(ww + b_kw[j])) < u32(geo[5])))   # ``&``: no branches
+            # the row's pixel on by BK: ow wraps into oh (told by ww before the step, each coordinate then moved by
+            # one of two constants), oh into b
+            wrap = ww >= steps[9]
+            w2, h2, o2 = ((i32(ww + steps[3]), i32(hh + steps[4]), i32(xo + steps[5])) if wrap
+                          else (i32(ww + steps[0]), i32(hh + steps[1]), i32(xo + steps[2])))
             wrap = h2 >= steps[10]
             h2, o2 = (i32(h2 + steps[6]), i32(o2 + steps[7])) if wrap else (h2, o2)
             return i32(p0 + BK), i32(a_idx + steps[8]), h2, w2, o2
@@ -234,16 +236,19 @@ WGRAD_STEPS = geometry(11)
 
 def pixel_steps(x_shape, dy_shape, stride, pad):
     """The aligned kernel's constants for moving a B row's pixel on by ``BK`` (int32, computed here so that the
-    main loop reads them as parameters instead of recomputing products): ``ww, hh, xo`` by the step, by the ``ow``
-    wrap, by the ``oh`` wrap, dy's index by ``BK`` pixels, and where ``ww`` and ``hh`` wrap."""
+    main loop reads them as parameters instead of recomputing products): ``ww, hh, xo`` by the step, by the step
+    where ``ow`` wraps into ``oh`` (step and wrap summed: one add each either way), ``hh, xo`` by the ``oh``
+    wrap, dy's index by ``BK`` pixels, the ``ww`` from which the step wraps ``ow`` (compared before the step, so
+    that the step's adds need not wait for it) and the ``hh`` after the step at which ``oh`` wraps."""
     _, h, w, c_in = x_shape
     _, oh, ow, c_out = dy_shape
     s, row = stride, w * c_in
     s0, t = BK % ow, BK // ow
     s1, s2 = t % oh, t // oh
-    return int32_tuple(s0 * s, s1 * s, s2 * h * row + s1 * s * row + s0 * s * c_in,
-                       -ow * s, s, s * row - ow * s * c_in, -oh * s, h * row - oh * s * row, BK * c_out,
-                       ow * s - pad, oh * s - pad)
+    step = (s0 * s, s1 * s, s2 * h * row + s1 * s * row + s0 * s * c_in)
+    wrap = (-ow * s, s, s * row - ow * s * c_in)
+    return int32_tuple(*step, *(a + b for a, b in zip(step, wrap)), -oh * s, h * row - oh * s * row, BK * c_out,
+                       ow * s - pad - step[0], oh * s - pad)
 
 
 # every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
