@@ -67,12 +67,13 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
     # measured (here: the simulator's, labelled a stand-in) beside the model's prediction, per layer and pass
     assert "STAND-IN" in breakdown["layers_label"] and "simulator" in breakdown["layers_label"]
     layers = {(r["layer"], r["pass"]): r for r in breakdown["layers"]}
-    assert set(layers) == {("conv 3>8 k3s1 4px #0", "forward"), ("conv 3>8 k3s1 4px #0", "wgrad"),
+    # the stem reads its input padded to 8 channels (issue 23 item 3: the aligned tensor-core kernels)
+    assert set(layers) == {("conv 8>8 k3s1 4px #0", "forward"), ("conv 8>8 k3s1 4px #0", "wgrad"),
                            ("linear 8>10 #0", "forward"), ("linear 8>10 #0", "wgrad"), ("linear 8>10 #0", "dgrad")}
     for row in layers.values():
         assert row["measured_ms"] > 0 and row["predicted_ms"] > 0
         assert row["ratio"] == pytest.approx(row["measured_ms"] / row["predicted_ms"])
-    assert layers["conv 3>8 k3s1 4px #0", "forward"]["kernels"][0].startswith("mma_conv2d_forward")
+    assert layers["conv 8>8 k3s1 4px #0", "forward"]["kernels"][0].startswith("mma_conv2d_forward")
     line = quick.summary_line(summary)
     assert line.startswith("gpu: tiny 4 ours ") and "(eager fallback) torch-eager-amp n/a ratio n/a" in line
     assert "| max err vs cpu " in line and "arena " in line
