@@ -121,6 +121,13 @@ def _make_ldmatrix(ptx):
     return load
 
 
+def _emit_cp_async_16(builder, dst, gptr, valid):
+    """The ``cp.async`` of 16 bytes from global address ``gptr`` (i64) to shared address ``dst`` (i32); where
+    ``valid`` (i1) is false it reads no byte (src-size 0) and zero-fills."""
+    src_bytes = builder.select(valid, ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+    _asm(builder, [], [dst, gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;", "r,l,r,~{memory}")
+
+
 @intrinsic
 def _cp_async_16(typingctx, smem, byte_offset, src, index, valid):
     sig = nbt.void(smem, nbt.int32, src, nbt.int32, nbt.int32)
@@ -129,9 +136,7 @@ def _cp_async_16(typingctx, smem, byte_offset, src, index, valid):
         dst = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
         data = context.make_array(sig.args[2])(context, builder, args[2]).data
         gptr = builder.ptrtoint(builder.gep(data, [builder.sext(args[3], _I64)]), _I64)
-        src_bytes = builder.select(builder.icmp_signed("!=", args[4], ir.Constant(_I32, 0)),
-                                   ir.Constant(_I32, 16), ir.Constant(_I32, 0))
-        _asm(builder, [], [dst, gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;", "r,l,r,~{memory}")
+        _emit_cp_async_16(builder, dst, gptr, builder.icmp_signed("!=", args[4], ir.Constant(_I32, 0)))
         return context.get_dummy_value()
     return sig, codegen
 
@@ -308,9 +313,7 @@ def _cp_async_16_at(typingctx, smem, window, byte_offset, src, index, valid):
     def codegen(context, builder, sig, args):
         data = context.make_array(sig.args[3])(context, builder, args[3]).data
         gptr = builder.ptrtoint(builder.gep(data, [builder.sext(args[4], _I64)]), _I64)
-        src_bytes = builder.select(args[5], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
-        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
-             "r,l,r,~{memory}")
+        _emit_cp_async_16(builder, builder.add(args[1], args[2]), gptr, args[5])
         return context.get_dummy_value()
     return sig, codegen
 
@@ -326,9 +329,7 @@ def _cp_async_16_at_plus(typingctx, smem, window, byte_offset, src, index, plus,
         data = context.make_array(sig.args[3])(context, builder, args[3]).data
         row = builder.gep(data, [builder.sext(args[4], _I64)])
         gptr = builder.ptrtoint(builder.gep(row, [builder.sext(args[5], _I64)]), _I64)
-        src_bytes = builder.select(args[6], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
-        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
-             "r,l,r,~{memory}")
+        _emit_cp_async_16(builder, builder.add(args[1], args[2]), gptr, args[6])
         return context.get_dummy_value()
     return sig, codegen
 
@@ -347,9 +348,7 @@ def _cp_async_16_from(typingctx, smem, window, byte_offset, src, row, plus, vali
         base = builder.ptrtoint(builder.gep(data, [builder.sext(args[4], _I64)]), _I64)
         size = context.get_abi_sizeof(context.get_data_type(sig.args[3].dtype))
         gptr = builder.add(base, builder.mul(builder.sext(args[5], _I64), ir.Constant(_I64, size)))
-        src_bytes = builder.select(args[6], ir.Constant(_I32, 16), ir.Constant(_I32, 0))
-        _asm(builder, [], [builder.add(args[1], args[2]), gptr, src_bytes], CP_ASYNC_PTX + " [$0], [$1], 16, $2;",
-             "r,l,r,~{memory}")
+        _emit_cp_async_16(builder, builder.add(args[1], args[2]), gptr, args[6])
         return context.get_dummy_value()
     return sig, codegen
 
