@@ -7,8 +7,9 @@ Forward and backward of each primitive sit side by side. Every kernel is a grid-
 loop, computes in fp32 and stores fp16; ``accumulate`` (int32 0/1) chooses between
 overwriting ``dx`` and adding into it (the contract's gradient accumulation). Where the element
 count is a multiple of the vector and the arrays are 16-byte aligned, the ``_vec8`` / ``_vec4`` twins move
-8 fp16 or 4 fp32 per access (``cuda_kernels.vector``); dropout and the channel pad stay one element per
-thread (a hash per element; a layer the planner rarely emits).
+8 fp16 or 4 fp32 per access (``cuda_kernels.vector``); dropout stays one element per thread (a hash per
+element), the channel pad's forward stores 16 bytes (its input has fewer than 8 channels: read one by one) and
+its backward stays one element per thread (a layer the planner rarely emits).
 """
 import math
 from typing import NamedTuple
@@ -21,7 +22,7 @@ from planner.ops import ACTIVATION_SLOTS, OPS, OpRow
 
 from .registry import B1, F1, F32, H1, I1, I32, U64, W1, ZERO, KernelSpec, flat, grid_1d, kernel, nbt
 from .tape import device_span
-from .vector import VEC4, VEC8, launch_flat, ld_global_f32x4, load8, store4, store8
+from .vector import VEC4, VEC8, grid_vectors, launch_flat, ld_global_f32x4, load8, store4, store8, vectorisable
 
 f16, f32, i32, u64 = nbt.float16, nbt.float32, nbt.int32, nbt.uint64
 
@@ -180,10 +181,38 @@ def _channel_pad_backward(dy, dx, c_in, c_out, accumulate):
         _store(dx, i, f32(dy[(i // c_in) * c_out + i % c_in]), accumulate)
 
 
+@cuda.jit(device=True)
+def _channel_or_zero(x, at, c, c_in):
+    """``x[at + c]`` (a pixel's channel ``c``) for ``c < c_in``, else 0: a padded channel reads nothing."""
+    return f32(x[at + c]) if c < c_in else ZERO
+
+
+@kernel("channel_pad_forward_vec8", (H1, H1, I32, I32))
+def _channel_pad_forward_vec8(x, y, c_in, c_out):
+    """``_channel_pad_forward`` by 16-byte stores, ``c_out % 8 == 0``: one pixel per thread and step, its ``c_out / 8``
+    vectors written whole (the real channels read one by one: ``c_in`` fp16 a pixel, 6 bytes for RGB, no vector;
+    the padded ones not read). No per-element division: the grid strides over pixels."""
+    vectors = i32(c_out // VEC8)
+    for p in range(i32(cuda.grid(1)), i32(y.size // c_out), i32(cuda.gridsize(1))):
+        at, out = i32(p * c_in), i32(p * c_out)
+        for v in range(vectors):
+            c = i32(v * VEC8)
+            store8(y, out + c, (_channel_or_zero(x, at, c, c_in), _channel_or_zero(x, at, c + 1, c_in),
+                                _channel_or_zero(x, at, c + 2, c_in), _channel_or_zero(x, at, c + 3, c_in),
+                                _channel_or_zero(x, at, c + 4, c_in), _channel_or_zero(x, at, c + 5, c_in),
+                                _channel_or_zero(x, at, c + 6, c_in), _channel_or_zero(x, at, c + 7, c_in)))
+
+
 def channel_pad_forward(launcher, x, y):
-    """Copy ``x`` into the first channels (last axis) of ``y``; zeros in the new ones."""
-    launcher.launch(_channel_pad_forward, *grid_1d(y.size), flat(x), flat(y),
-                    np.int32(tuple(x.shape)[-1]), np.int32(tuple(y.shape)[-1]))
+    """Copy ``x`` into the first channels (last axis) of ``y``; zeros in the new ones. By 16-byte stores where
+    ``y``'s channels are a multiple of 8 and it is 16-byte aligned (the network input padded for the stem's aligned
+    GEMMs, ``CudaExecutor``; a ``channel_padding(8 k)`` layer), one pixel per thread."""
+    c_in, c_out = tuple(x.shape)[-1], tuple(y.shape)[-1]
+    if vectorisable(c_out, VEC8, y):
+        launcher.launch(_channel_pad_forward_vec8, *grid_vectors(y.size // c_out), flat(x), flat(y),
+                        np.int32(c_in), np.int32(c_out))
+    else:
+        launcher.launch(_channel_pad_forward, *grid_1d(y.size), flat(x), flat(y), np.int32(c_in), np.int32(c_out))
 
 
 def channel_pad_backward(launcher, dy, dx, accumulate):

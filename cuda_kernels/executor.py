@@ -5,7 +5,8 @@ once per variant. Each (variant, purpose) step is recorded once as a launch tape
 (``cuda_kernels._ops``) whose arguments are arena views only, then replayed: eagerly, or
 captured as one CUDA graph and replayed with one graph launch per step (``graph.StepRunner``).
 Per-step values live in the arena: the batch, the labels and the learning rate are copied
-into their fixed slots before the replay; the step counters, the dynamic loss scale
+into their fixed slots before the replay (a padded stem's batch with its real channels: the step's first kernel
+pads it into the input slot, ``_uploaded_as``); the step counters, the dynamic loss scale
 (PyTorch ``GradScaler`` semantics: start 2**16, halve and skip the step on inf/nan, double
 after 2,000 clean steps) and the overflow flag are computed on the device.
 
@@ -25,6 +26,7 @@ from planner.executor_api import ExecutorBase, InputError, step_result
 from planner.init import initial_parameters
 from planner.plan import Role
 
+from . import elementwise
 from .arena import DeviceArena
 from .collective import SINGLE_REPLICA
 from .graph import StepRunner, graph_support, new_stream, synchronize
@@ -111,8 +113,9 @@ class CudaExecutor(ExecutorBase):
         self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
                          if plan.tensor(tid).region == "scalars"}
         self._half = {p.tensor: self._persistent[p.half] for p in plan.params if p.half >= 0}
-        # the stem on the aligned tensor-core path (``padded_stem``): its input keeps the slot's zero-padded
-        # channels, its convolution reads the weight copy padded to match (the SIMT kernels take neither)
+        # the stem on the aligned tensor-core path (``padded_stem``): it reads the input slot padded with zero
+        # channels (written by the step's first kernel from the uploaded batch, ``_uploaded_as``) and the weight
+        # copy padded to match (the SIMT kernels take neither)
         self._padded_stems = tuple((self._persistent[p.tensor], self._persistent[p.half_padded])
                                    for p in plan.params if p.half_padded >= 0 and kernels == "mma")
         self._half.update({p.tensor: self._persistent[p.half_padded] for p in plan.params
@@ -212,6 +215,12 @@ class CudaExecutor(ExecutorBase):
         self._half_dirty = False
 
     # ---- steps -----------------------------------------------------------------------------------------
+    def _uploaded_as(self, name):
+        """The plan.io slot the host's ``name`` is uploaded into: the input of a padded stem goes to its real-channel
+        slot ``input_unpadded`` (a third of the bytes for RGB), which the step's first kernel writes into the padded
+        ``input`` slot, zeros in the padded channels; every other input goes straight to its slot."""
+        return "input_unpadded" if name == "input" and self._padded_stems else name
+
     def _runner(self, variant, purpose):
         """The recorded step of ``variant``: "train", "eval" (forward + loss) or "forward"."""
         key = (variant, purpose)
@@ -219,11 +228,12 @@ class CudaExecutor(ExecutorBase):
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
                               self.loss.smoothing, self.optimizer, self.kernels, self.collectives, self._padded_stems)
-            staging = Staging({name: views[self.plan.io[name]] for name in STEP_INPUTS[purpose]},
-                              {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]},
-                              {"input": self.plan.arch.in_channels})
+            uploaded = {name: views[self.plan.io[self._uploaded_as(name)]] for name in STEP_INPUTS[purpose]}
+            staging = Staging(uploaded, {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
 
             def kernels(tape):
+                if self._uploaded_as("input") != "input":   # the step's first kernel: the batch into the padded slot
+                    elementwise.channel_pad_forward(tape, uploaded["input"], views[self.plan.io["input"]])
                 self._run_schedule(self.plan.variants[variant].graph, views, lambda op: record_op(tape, ctx, op),
                                    forward_only=purpose == "forward", tape=tape)
             tape = LaunchTape()

@@ -1,7 +1,9 @@
 """The stem on the aligned tensor-core path (issue 23, item 3): its fp16 weight copy with zero columns.
 
 Under AMP the network input's slot has its channels padded to a multiple of 8 (``planner.expand``);
-the upload leaves the padded channels zero (``transfer.StagedSlot``). A convolution reading it (the
+the host uploads the batch with its real channels (slot ``input_unpadded``) and the step's first kernel
+writes it into the padded slot, zeros in the padded channels (``elementwise.channel_pad_forward``, inside
+the recorded step, so graph replay repeats it). A convolution reading it (the
 stem: 3 channels, 7x7 or 3x3) then takes the aligned kernels like every other layer, with an fp16
 weight copy of as many channels (``ParamSpec.half_padded``), the extra columns zero. Only that copy
 is padded: the fp32 master weight, its gradient (the weight-gradient kernel leaves the padded columns

@@ -42,15 +42,14 @@ def new_event():
 
 
 class Staging:
-    """The staging buffers and events of one recorded step (inputs by name, outputs by name; ``channels``:
-    the values' channels of an input whose slot has more, zero-padded: the stem's, ``padded_stem``).
+    """The staging buffers and events of one recorded step (inputs by name, outputs by name: each a device view,
+    the values' exact shape: a padded stem's batch is uploaded with its real channels, ``CudaExecutor._uploaded_as``).
 
     ``trace``: a list to which every stream operation and host wait/read is appended as
     ``(kind, name)`` when set (tests check the order; ``None`` in use)."""
 
-    def __init__(self, inputs: dict, outputs: dict, channels: dict | None = None):
-        channels = channels or {}
-        self.inputs = {name: StagedSlot(name, view, channels.get(name)) for name, view in inputs.items()}
+    def __init__(self, inputs: dict, outputs: dict):
+        self.inputs = {name: StagedSlot(name, view) for name, view in inputs.items()}
         self.outputs = {name: StagedSlot(name, view) for name, view in outputs.items()}
         self.uploaded = [new_event() for _ in range(TURNS)]   # recorded after a turn's uploads
         self.done = [new_event() for _ in range(TURNS)]       # recorded after a turn's downloads
@@ -86,24 +85,19 @@ class Staging:
 
 
 class StagedSlot:
-    """One arena slot (a device view) and its two pinned host buffers. ``channels``: the values have that many
-    channels, fewer than the slot (NHWC): they fill the first ones, the rest stay zero (set once here)."""
+    """One arena slot (a device view) and its two pinned host buffers, of the slot's shape and type."""
 
-    def __init__(self, name, view, channels=None):
+    def __init__(self, name, view):
         self.name, self.view = name, view
         self.host = [pinned_empty(view.shape, view.dtype) for _ in range(TURNS)]
         self.shape = tuple(view.shape)   # of the values
-        if channels is not None and channels != self.shape[-1]:
-            self.shape = self.shape[:-1] + (channels,)
-            for host in self.host:
-                host.fill(0)
 
     def fill(self, buffer, value):
         value = np.asarray(value)
         if value.size != np.prod(self.shape):
             raise ValueError(f"staged input {self.name!r}: expected {int(np.prod(self.shape))} values "
                              f"({self.shape}), got {value.size} ({value.shape})")
-        np.copyto(self.host[buffer][..., :self.shape[-1]], value.reshape(self.shape), casting="unsafe")
+        np.copyto(self.host[buffer], value.reshape(self.shape), casting="unsafe")
 
 
 # ---- tape entries (``LaunchTape`` records them next to the kernel launches) ---------------------------------

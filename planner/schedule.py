@@ -191,7 +191,7 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
             if position in stems and role is Role.WEIGHT:
                 half_padded[tid] = make.new("fp16pad." + name, Region.WEIGHTS16, "float16",
                                             shape[:3] + (s.arch.input_channels_padded,))
-    io = _io_tensors(s, make)
+    io = _io_tensors(s, make, bool(half_padded))
     params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
                                           tuple(state.get(row[1], ())), half_padded.get(row[1], -1))) for row in rows)
     params_at: dict[int, list[ParamSpec]] = {}
@@ -219,7 +219,10 @@ def _extra_role(kind: str, extra: str) -> Role:
     return role_named(extra, f"{kind} extra")
 
 
-def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
+def _io_tensors(s: Setting, make: _TensorMaker, padded_stems: bool) -> dict[str, int]:
+    """The batch, labels and logits slots (and the scalars). ``padded_stems``: the input slot's padded channels
+    feed a stem's aligned GEMMs; the batch is then uploaded with its real channels into ``input_unpadded``, and a
+    kernel of the step writes it into ``input`` with zeros in the padded channels (the CUDA path)."""
     variants = [v for names in s.variants_of.values() for v in names]
     padded = s.arch.input_channels_padded
     io = {"input": make.new("input", Region.IO, s.act_dtype,
@@ -227,6 +230,9 @@ def _io_tensors(s: Setting, make: _TensorMaker) -> dict[str, int]:
           "labels": make.new("labels", Region.IO, "int64", {v: s.value_shapes[v][NETWORK_INPUT][:1] for v in variants}),
           "logits": make.new("logits", Region.IO, s.act_dtype,
                              {v: s.value_shapes[v][s.logits_value] for v in variants})}
+    if padded_stems:
+        io["input_unpadded"] = make.new("input_unpadded", Region.IO, s.act_dtype,
+                                        {v: s.value_shapes[v][NETWORK_INPUT] for v in variants})
     for name, dtype in SCALARS:
         io[name] = make.new(name, Region.SCALARS, dtype, ())
     return io

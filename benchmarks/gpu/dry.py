@@ -67,7 +67,9 @@ class _TapeStandIn(DryLauncher):
 
     def add(self, entry):
         self.order.append((entry.kind, entry.name))
-        self.entries.append(SimpleNamespace(kind=entry.kind, name=entry.name, args=(), run=lambda stream: None))
+        nbytes = int(entry.slot.view.nbytes) if entry.kind in ("upload", "download") else 0   # the copy's bytes
+        self.entries.append(SimpleNamespace(kind=entry.kind, name=entry.name, args=(), nbytes=nbytes,
+                                            run=lambda stream: None))
 
     def coalesce_zero_fills(self, base):
         """``LaunchTape.coalesce_zero_fills`` on the recorded entries (the same pass)."""
@@ -167,7 +169,7 @@ TRAFFIC_BATCH = 256
 def step_traffic(model, batch=TRAFFIC_BATCH):
     """``(plan, kernel names, per-kernel [launches, read, written], launches before merging the zero-fills,
     floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes, {any-channel kernel:
-    [layers]})`` of ``model``'s
+    [layers]}, {uploaded input: bytes})`` of ``model``'s
     training step at ``batch``, recorded as ``dry_record_train_step`` does."""
     import dataclasses
     from cuda_kernels.traffic import overwritten_fills, step_floor, tape_traffic, touched_offsets
@@ -187,7 +189,8 @@ def step_traffic(model, batch=TRAFFIC_BATCH):
             any_channels.setdefault(name, []).append(layer)
     kernels = [e for e in entries if e.kind == "kernel"]
     floor = step_floor(plan, touched_offsets(kernels, tapes[-1].arena_buffer))
-    return plan, names, table, tapes[-1].recorded, floor, overwritten, any_channels
+    uploads = {e.name: e.nbytes for e in entries if e.kind == "upload"}
+    return plan, names, table, tapes[-1].recorded, floor, overwritten, any_channels, uploads
 
 
 def print_step_traffic(models=TRAFFIC_MODELS):
@@ -197,7 +200,7 @@ def print_step_traffic(models=TRAFFIC_MODELS):
     print(f"\nbytes and launches per training step (recorded tape, batch {TRAFFIC_BATCH}; every array argument a "
           f"kernel reads / writes counted once per launch; GB = 1e9 bytes):")
     for model in (m for m in TIMING_MODELS if m.name in models):
-        plan, names, table, recorded, floor, overwritten, any_channels = step_traffic(model)
+        plan, names, table, recorded, floor, overwritten, any_channels, uploads = step_traffic(model)
         gemm, other = totals(table, gemm=True), totals(table)
         fills = sum(row[0] for name, row in table.items() if name.startswith("fill_zero"))
         floor_bytes = sum(floor.values())
@@ -216,6 +219,9 @@ def print_step_traffic(models=TRAFFIC_MODELS):
               + (f" (before {sorted(set(k for _, k in overwritten))})" if overwritten else ""))
         print("    any-channel (scalar-staged) tensor-core kernels: "
               + ("; ".join(f"{k} at {', '.join(v)}" for k, v in any_channels.items()) or "none"))
+        print("    uploads per step (pinned host -> device, not in the bytes above): "
+              + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in uploads.items())
+              + f"; total {sum(uploads.values()) / 1e6:.1f} MB")
         print_step_prediction(model, other[1] + other[2], other[0])
 
 

@@ -273,11 +273,13 @@ def overflow_and_cast_case(mem, rng, n):
 
 def elementwise_case(mem, rng, n, c=16):
     """The small elementwise kernels in one row: activation backward, add, accumulate, channel
-    pad, dropout backward, fp16 zeroing (``n * c`` odd: the one-element kernels)."""
+    pad, dropout backward, fp16 zeroing (``n * c`` odd: the one-element kernels; the pad to 24 channels
+    takes its 16-byte stores, the pad to ``c + 5`` its one-element twin)."""
     (hx, x), (hdy, dy) = mem.random(rng, (n, c), np.float16, 3.0), mem.random(rng, (n, c), np.float16)
     (hm, mask), dx = mem.random(rng, (n, c), np.uint8, 2), mem.output((n, c), np.float16)
     added, acc = mem.output((n, c), np.float16), mem.constant(hdy)
     padded, unpadded = mem.output((n, 24), np.float16), mem.output((n, c), np.float16)
+    padded_odd = mem.output((n, c + 5), np.float16)
     dropped, zeroed = mem.output((n, c), np.float16), mem.constant(hdy)
 
     def record(t):
@@ -285,6 +287,7 @@ def elementwise_case(mem, rng, n, c=16):
         elementwise.add_forward(t, x, dy, added)
         elementwise.accumulate_into(t, acc, x, True)
         elementwise.channel_pad_forward(t, x, padded)
+        elementwise.channel_pad_forward(t, x, padded_odd)
         elementwise.channel_pad_backward(t, padded, unpadded, False)
         elementwise.dropout_backward(t, mask, dy, dropped, 0.2, False)
         elementwise.fill_zero(t, zeroed)
@@ -294,9 +297,10 @@ def elementwise_case(mem, rng, n, c=16):
         return {"dx": (ref.hardswish_grad(x64, dy64, 0.1), "fp16"),
                 "add": (x64 + dy64, "fp16"), "accumulate": (x64 + dy64, "fp16"),
                 "pad": (ref.channel_pad_forward(hx, 24), "exact"), "unpad": (hx, "exact"),
+                "pad odd": (ref.channel_pad_forward(hx, c + 5), "exact"),
                 "dropout dx": (ref.dropout_backward(hm, dy64, 0.2), "fp16"), "zero": (np.zeros_like(hdy), "exact")}
     return Case(record, {"dx": dx, "add": added, "accumulate": acc, "pad": padded, "unpad": unpadded,
-                         "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * c)
+                         "pad odd": padded_odd, "dropout dx": dropped, "zero": zeroed}, expected, 0, 2 * 16 * n * c)
 
 
 def squeeze_excitation_case(mem, rng, batch, h, c):

@@ -69,16 +69,20 @@ def case_add_and_accumulate(rng, n=70):
     check("accumulate", dst_acc, f64(d0) + f64(b), "fp16")
 
 
-def case_channel_pad(rng):
-    x, dy, dx0 = half(rng, (2, 3, 2, 3)), half(rng, (2, 3, 2, 8)), half(rng, (2, 3, 2, 3))
-    y, dx = garbage((2, 3, 2, 8), np.float16), dev(dx0)
+def case_channel_pad(rng, c_in=3, c_out=7):
+    """The pad over garbage (every padded channel written 0) and its backward. ``c_out % 8 == 0``: the forward's
+    16-byte stores (``channel_pad_forward_vec8``: the network input padded for the stem; 16 from 12 channels, two
+    vectors, the second half real), else its one-element twin."""
+    shape = (2, 3, 2)
+    x, dy, dx0 = half(rng, shape + (c_in,)), half(rng, shape + (c_out,)), half(rng, shape + (c_in,))
+    y, dx = garbage(shape + (c_out,), np.float16), dev(dx0)
 
     def record(t):
         elementwise.channel_pad_forward(t, dev(x), y)
         elementwise.channel_pad_backward(t, dev(dy), dx, True)
     run(record)
-    check("y", y, ref.channel_pad_forward(x, 8), "exact")
-    check("dx", dx, f64(dx0) + ref.channel_pad_backward(f64(dy), 3), "fp16")
+    check("y", y, ref.channel_pad_forward(x, c_out), "exact")
+    check("dx", dx, f64(dx0) + ref.channel_pad_backward(f64(dy), c_in), "fp16")
 
 
 # dropout draws a keep flag per element, drop_path one per sample: (input shape, mask shape, kernels, spec)
@@ -576,6 +580,8 @@ CASES = [
     pytest.param(case_add_and_accumulate, {}, id="add-accumulate"),
     pytest.param(case_add_and_accumulate, dict(n=72), id="add-accumulate-vec8"),
     pytest.param(case_channel_pad, {}, id="channel-pad"),
+    pytest.param(case_channel_pad, dict(c_out=8), id="channel-pad-vec8"),
+    pytest.param(case_channel_pad, dict(c_in=12, c_out=16), id="channel-pad-vec8-12-16"),
     *[pytest.param(case_random_mask, dict(kind="dropout", p=p), id=f"dropout-{p}") for p in (0.0, 0.3, 1.0)],
     *[pytest.param(case_channel_mul, dict(accumulate=a), id=f"channel-mul-{a}") for a in (False, True)],
     *[pytest.param(case_random_mask, dict(kind="drop_path", p=p), id=f"drop-path-{p}") for p in (0.0, 0.5)],

@@ -1,12 +1,13 @@
 """The stem on the aligned tensor-core path (issue 23, item 3), in the simulator.
 
-A 3-channel input is uploaded into the plan's 8-channel input slot (the padded channels zero), and the
-stem's convolution (3x3, and 7x7 stride 2 as ResNet-50's) runs the aligned kernels with an fp16 weight
-copy padded to 8 channels (zero columns); the weight gradient's padded columns are left out, so the
-master weight, its gradient and the optimizer state keep 3 channels. Checked against the fp32 CPU path
-from the same weights and batch: the loss, the eval logits and every gradient (the stem's dW among them);
-then with nonzero values written into the input's padded channels, where neither the forward (the padded
-weight columns are zero) nor the gradient (the padded columns are never added) may change.
+A 3-channel batch is uploaded with its 3 channels (slot ``input_unpadded``), and the step's first kernel writes
+it into the plan's 8-channel input slot, zeros in the padded channels (``channel_pad_forward_vec8``, inside the
+recorded step); the stem's convolution (3x3, and 7x7 stride 2 as ResNet-50's) runs the aligned kernels with
+an fp16 weight copy padded to 8 channels (zero columns); the weight gradient's padded columns are left out,
+so the master weight, its gradient and the optimizer state keep 3 channels. Checked against the fp32 CPU
+path from the same weights and batch: the loss, the eval logits and every gradient (the stem's dW among
+them); then with an inf written into the input slot's padded channels before each step: the pad kernel
+must overwrite it with zeros (an inf left there reaches the output through the zero weight columns: inf x 0).
 Tolerances as ``test_executor`` (fp16 activations; a BN over 32 values).
 """
 import numpy as np
@@ -75,26 +76,67 @@ def test_the_stem_runs_the_aligned_kernels_and_matches_the_cpu_path(stem):
     assert cuda.state_dict()["conv1.0.weight"].shape == (8, 3) + STEMS[name][:1] * 2
     assert all(v.size in (0, 1) or v.shape[-3:] != (STEMS[name][0],) * 2 + (8,)
                for v in cuda.optimizer_state().values())
-    # the upload leaves the input slot's padded channels zero (an inf there would reach the output: inf x 0)
+    # the host uploads 3 channels; the step pads them on the device: the slot holds the batch and zeros
     for staging in cuda._staging.values():
-        assert all(np.all(host[..., 3:] == 0) and host.shape[-1] == 8 for host in staging.inputs["input"].host)
+        assert all(host.shape == (BATCH,) + hwc for host in staging.inputs["input"].host)
+    _check_input_slot(cuda, plan, x)
     padded = cuda._download(cuda._persistent[weight.half_padded])
     master = cuda._download(cuda._persistent[weight.tensor])
     assert np.all(padded[..., 3:] == 0) and np.array_equal(padded[..., :3], master.astype(np.float16))
 
 
-def test_values_in_the_inputs_padded_channels_reach_neither_the_output_nor_the_gradient(stem):
-    """Nonzero padded channels: the forward reads them only through the zero weight columns, and the weight
-    gradient's padded columns (then nonzero) are never added into the 3-channel gradient."""
+def _check_input_slot(cuda, plan, x):
+    """The padded input slot after a step: ``x`` in fp16 in its first 3 channels, zeros in the other 5."""
+    slot = cuda._download(cuda._persistent[plan.io["input"]]).reshape(x.shape[:3] + (8,))
+    assert np.array_equal(slot[..., :3], x.astype(np.float16)), "the input slot's real channels are not the batch"
+    assert np.all(slot[..., 3:] == 0), f"the input slot's padded channels are not zero: {np.unique(slot[..., 3:])}"
+
+
+def _poison_padded_channels(cuda, plan):
+    """An inf in every padded channel of the input slot (what a stale or never-written pad would leave)."""
+    view = cuda._persistent[plan.io["input"]]
+    host = cuda._download(view)
+    host.reshape(-1, 8)[:, 3:] = np.inf
+    cuda._upload(view, host)
+
+
+def test_the_step_pads_the_input_on_the_device_over_whatever_the_slot_held(stem):
+    """An inf in the input slot's padded channels before each step (forward, eval, train) would reach the output
+    (inf x the zero weight columns = nan): the step's pad kernel rewrites them with zeros, and the results match
+    the CPU path's; afterwards the slot holds the batch and zeros."""
     name, hwc, plan, cpu, cuda = stem
     start = cpu.state_dict()
     x, y = _batch(hwc, 2)
-    _step(cuda, start, x, y)   # records the step (and its staging buffers)
-    for staging in cuda._staging.values():
-        for host in staging.inputs["input"].host:
-            host[..., 3:] = 3.0
-    loss, grads, logits = _step(cuda, start, x, y)
+    cuda.load_state_dict(start)
+    _poison_padded_channels(cuda, plan)
+    logits = cuda.forward(x)
+    _poison_padded_channels(cuda, plan)
+    eval_loss, _, eval_logits = cuda.evaluate_batch(x, y)
+    _poison_padded_channels(cuda, plan)
+    loss = cuda.train_step(x, y, LR)
+    grads = cuda.gradients()
+    _check_input_slot(cuda, plan, x)
     want_loss, want_grads, want_logits = _step(cpu, start, x, y)
     np.testing.assert_allclose(loss, want_loss, rtol=1e-2)
-    assert_close(grads, want_grads, GRAD_TOL, f"{name} gradient, padded channels nonzero")
-    assert_close({"logits": logits}, {"logits": want_logits}, GRAD_TOL, f"{name} eval logits, padded channels nonzero")
+    assert_close(grads, want_grads, GRAD_TOL, f"{name} gradient, padded channels poisoned")
+    for what, got in (("forward", logits), ("eval", eval_logits)):
+        assert_close({"logits": got}, {"logits": want_logits}, GRAD_TOL, f"{name} {what} logits, poisoned")
+    assert np.isfinite(eval_loss)
+
+
+def test_the_pad_is_the_first_kernel_of_every_recorded_step(stem):
+    """Inside the recorded step (graph capture takes it with the kernels; replay repeats it): the upload of the
+    3-channel slot before it, then the pad, before any other kernel, in the train, eval and forward steps."""
+    name, hwc, plan, cpu, cuda = stem
+    x, y = _batch(hwc, 3)
+    cuda.forward(x), cuda.evaluate_batch(x, y), cuda.train_step(x, y, LR)   # records the three steps
+    assert {purpose for _, purpose in cuda._runners} == {"train", "eval", "forward"}, sorted(cuda._runners)
+    unpadded = cuda._persistent[plan.io["input_unpadded"]]
+    for key, runner in cuda._runners.items():
+        before, body, _ = runner.tape.segments()
+        assert [e.name for e in before if e.kind == "upload"][0] == "input"
+        kernels = [e for e in body if e.kind == "kernel" and not e.name.startswith("fill_zero")]
+        pad = kernels[0]
+        assert pad.name == "channel_pad_forward_vec8" and [e.name for e in kernels].count(pad.name) == 1, key
+        assert cuda._staging[key].inputs["input"].view.nbytes == BATCH * int(np.prod(hwc)) * 2
+        assert pad.args[0].nbytes == unpadded.nbytes and pad.args[1].nbytes == BATCH * int(np.prod(hwc[:2])) * 8 * 2

@@ -27,11 +27,14 @@ VECTOR_KERNELS = (
     "gap_forward_vec8", "gap_backward_vec8",
     *[f"activation_{direction}_vec8.{prim.value}" for prim in ACTIVATIONS for direction in ("forward", "backward")],
     "depthwise_forward_vec8", "depthwise_backward_data_vec8", "depthwise_backward_weight_vec8",
+    "channel_pad_forward_vec8",
 )
 # Vector kernels allowed some 2-byte loads, and why (their activations still move in 16-byte vectors).
 SCALAR_LOADS_ALLOWED = {
     "depthwise_forward_vec8": "the weights, (C, kh, kw): a vector's 8 channels lie kh*kw apart, one load per tap",
     "depthwise_backward_data_vec8": "the weights, as in the forward",
+    "channel_pad_forward_vec8": "the unpadded input, fewer than 8 channels a pixel (6 bytes for RGB): no 16-byte "
+                                "vector; every store is one",
 }
 VECTOR_NAME = re.compile(r"_vec(8|4)\b")
 

@@ -6,8 +6,9 @@ was checked in: the shortcut each block chose (identity when stride 1 and in == 
 else a 1x1 projection named `downsample.0/1`), torchvision-style parameter names, bn2d after
 NHWC values and bn1d after (N, F) ones, the implicit flatten before an fc on an NHWC value (and
 the fc weight's `fc_hwc` layout with the flattened (H, W, C)), the single softmax-CE loss head,
-the AMP input padding to 8 channels, the fused merges (conv + bn + relu -> cbr, blocks ->
-basic_block / inv_residual with shortcut identity/projection/none, gap + fc -> gap_fc), which
+the AMP input padding to 8 channels (and, for a stem, the upload slot with the real channels
+beside it), the fused merges (conv + bn + relu -> cbr, blocks -> basic_block / inv_residual with
+shortcut identity/projection/none, gap + fc -> gap_fc), which
 values are saved for backward versus transient (in eval graphs a maxpool's argmax is a one-op
 forward workspace `argmax_f`: the forward kernel writes it there too, nothing reads it), and the
 backward order (reverse of forward, no input gradient for the first layer, gradient accumulation
@@ -35,6 +36,9 @@ from planner.compiler import Compiler
 from planner.plan import INPUT_GRADIENTS
 
 GOLDEN = Path(__file__).parent / "golden"
+# the io slots printed: the batch (its channels padded under AMP), and where a stem reads it padded the batch as
+# uploaded, with its real channels (the CUDA path pads it on the device)
+IO_SLOTS = ("input", "labels", "logits", "input_unpadded")
 UPDATE = os.environ.get("BLUEPRINT_UPDATE_GOLDEN") == "1"
 
 TINY_RESNET = BluePrint(seq(
@@ -75,7 +79,7 @@ def summary(bp: BluePrint, hwc: tuple[int, int, int], fuse: bool) -> str:
     lines = [f"# {bp.name}: input {hwc}, fuse={fuse}, amp={fuse}, input channels padded to {arch.input_channels_padded}",
              "passes: " + ", ".join(arch.passes),
              "io: " + " ".join(f"{name}={plan.tensor(tid).variant_shapes or plan.tensor(tid).shape}"
-                               for name, tid in plan.io.items() if name in ("input", "labels", "logits")),
+                               for name, tid in plan.io.items() if name in IO_SLOTS),
              "", "## layers", arch.describe(), "", "## parameters"]
     lines += [f"{p.name} {p.shape} {p.region} {p.init} {p.torch_layout or '-'}"
               + (f" flatten_from={p.flatten_from}" if p.flatten_from else "") for p in plan.params]

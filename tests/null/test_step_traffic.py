@@ -3,10 +3,10 @@
 The per-launch byte rule (``cuda_kernels.traffic``) against counts made by hand, the floor against the plan's
 parameter count, and the launches of ResNet-50 and ResNet-18-CIFAR at batch 256 after the tape merges
 their zero-fills (``cuda_kernels.zero_ranges``). Issue 23's targets are 400 and 150 launches; the bounds
-below are today's counts (385 and 149: no BN finalize launch, the apply and every other reader derive the
+below are today's counts (386 and 150: no BN finalize launch, the apply and every other reader derive the
 statistics from the saved sums; no ``accumulate_into`` copy in a residual add's backward, its inputs share
-its output gradient; the loss-scale update and the counters in one ``finish_step``), so a change that adds
-launches fails here.
+its output gradient; the loss-scale update and the counters in one ``finish_step``; one launch that pads the
+uploaded 3-channel batch to the stem's 8 channels on the device), so a change that adds launches fails here.
 """
 import numpy as np
 import pytest
@@ -21,7 +21,7 @@ from cuda_kernels.traffic import launch_bytes  # noqa: E402
 from planner.ops import Prim  # noqa: E402
 
 # model: (most launches, most zero-fill launches), measured by `python -m benchmarks.gpu.check --dry-run`
-BOUNDS = {"resnet50": (385, 9), "resnet18-cifar": (149, 4)}
+BOUNDS = {"resnet50": (386, 9), "resnet18-cifar": (150, 4)}
 # kernels a fused ResNet step no longer launches (issue 23 item 5): folded into their readers or neighbours
 FOLDED = ("batchnorm_finalize", "accumulate_into", "update_loss_scale", "advance_counters")
 
@@ -56,7 +56,7 @@ def test_a_multi_range_fill_writes_its_ranges_only():
 
 
 def test_the_floor_holds_every_parameter_once(traffic):
-    _, (plan, _, _, _, floor, _, _) = traffic
+    _, (plan, _, _, _, floor, _, _, _) = traffic
     assert floor["params"] == floor["grads"] == floor["optim"] == 4 * plan.params_trainable   # fp32, SGD momentum
     padded = sum(plan.tensor(p.half_padded).nbytes for p in plan.params if p.half_padded >= 0)   # the stem's copy
     assert padded and floor["weights16"] == 2 * plan.params_trainable + padded
@@ -68,7 +68,7 @@ def test_the_floor_holds_every_parameter_once(traffic):
 
 
 def test_launches_per_step_and_zero_fills_merged(traffic):
-    name, (_, names, table, recorded, _, overwritten, _) = traffic
+    name, (_, names, table, recorded, _, overwritten, _, _) = traffic
     most, most_fills = BOUNDS[name]
     fills = [n for n in names if n.startswith("fill_zero")]
     assert len(names) <= most, f"{name}: {len(names)} launches per step (bound {most})"
@@ -85,12 +85,24 @@ def test_no_layer_of_the_zoo_resnets_runs_an_any_channel_kernel(traffic):
     """Issue 23, item 3: the 3-channel stem reads its input zero-padded to 8 channels with a weight copy padded to
     match, so it runs the aligned tensor-core kernels like every other layer. The dry run names the layers that
     launch an any-channel (scalar-staged) kernel: none here; the padded copy is written in the cast's one launch."""
-    name, (plan, names, _, _, _, _, any_channels) = traffic
+    name, (plan, names, _, _, _, _, any_channels, _) = traffic
     assert not any_channels, f"{name}: any-channel kernels at {any_channels}"
     assert names.count("cast_f32_to_f16_padded_stem") == 1 and not any(n.startswith("cast_f32_to_f16_vec8")
                                                                      for n in names), sorted(set(names))
     stem = plan.arch.layers[0]
     assert stem.first and stem.in_channels == 3 and plan.arch.input_channels_padded == 8
+
+
+def test_the_batch_is_uploaded_with_its_real_channels_and_padded_on_the_device(traffic):
+    """The host uploads the 3-channel batch (fp16: 2 bytes a value), not the 8-channel slot the stem reads; the
+    step's first kernel (after the merged zero-fills) writes the slot (8 channels) from it, in 16-byte stores, once
+    per step."""
+    name, (plan, names, table, _, _, _, _, uploads) = traffic
+    shape = plan.variants["train"].input_shape   # (N, H, W, 3)
+    assert shape[-1] == 3 and uploads["input"] == 2 * int(np.prod(shape)), (shape, uploads)
+    first = [n for n in names if not n.startswith("fill_zero")][0]   # the merged zero-fills may move before it
+    assert first == "channel_pad_forward_vec8" and names.count(first) == 1, names[:4]
+    assert tuple(table[first]) == (1, 2 * int(np.prod(shape)), 2 * int(np.prod(shape)) // 3 * 8)
 
 
 def test_a_fill_before_a_kernel_that_writes_the_buffer_whole_is_found():
