@@ -115,53 +115,35 @@ def _asm(builder, ret, args, text, constraints):
     return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
 
 
-@intrinsic
-def _ld_global_f32x4(typingctx, array, index):
-    sig = nbt.UniTuple(nbt.float32, 4)(array, nbt.int32)
+def _global_x4_intrinsics(nb_type, ir_type, ptx_type, register):
+    """The 16-byte load and store of 4 ``nb_type`` (``ld.global.v4.<ptx_type>`` / ``st``, in ``register``-class
+    registers): ``ld(array, index) -> (v0, v1, v2, v3)``, ``st(array, index, v0, v1, v2, v3)``."""
+    def ld(typingctx, array, index):
+        sig = nbt.UniTuple(nb_type, 4)(array, nbt.int32)
 
-    def codegen(context, builder, sig, args):
-        out = _asm(builder, ir.LiteralStructType([_F32] * 4), [_address(context, builder, sig.args[0], *args)],
-                   "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.v4.f32 {$0,$1,$2,$3}, [g]; }",
-                   "=f,=f,=f,=f,l,~{memory}")
-        return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, k) for k in range(4)])
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            out = _asm(builder, ir.LiteralStructType([ir_type] * 4), [_address(context, builder, sig.args[0], *args)],
+                       f"{{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.v4.{ptx_type} {{$0,$1,$2,$3}}, [g]; }}",
+                       ",".join([f"={register}"] * 4 + ["l", "~{memory}"]))
+            return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, k) for k in range(4)])
+        return sig, codegen
 
+    def st(typingctx, array, index, v0, v1, v2, v3):
+        sig = nbt.void(array, nbt.int32, nb_type, nb_type, nb_type, nb_type)
 
-@intrinsic
-def _st_global_f32x4(typingctx, array, index, v0, v1, v2, v3):
-    sig = nbt.void(array, nbt.int32, nbt.float32, nbt.float32, nbt.float32, nbt.float32)
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [_address(context, builder, sig.args[0], args[0], args[1])] + list(args[2:]),
+                 f"{{ .reg .u64 g; cvta.to.global.u64 g, $0; st.global.v4.{ptx_type} [g], {{$1,$2,$3,$4}}; }}",
+                 ",".join(["l"] + [register] * 4 + ["~{memory}"]))
+            return context.get_dummy_value()
+        return sig, codegen
 
-    def codegen(context, builder, sig, args):
-        _asm(builder, ir.VoidType(), [_address(context, builder, sig.args[0], args[0], args[1])] + list(args[2:]),
-             "{ .reg .u64 g; cvta.to.global.u64 g, $0; st.global.v4.f32 [g], {$1,$2,$3,$4}; }",
-             "l,f,f,f,f,~{memory}")
-        return context.get_dummy_value()
-    return sig, codegen
-
-
-@intrinsic
-def _ld_global_i32x4(typingctx, array, index):
-    sig = nbt.UniTuple(nbt.int32, 4)(array, nbt.int32)
-
-    def codegen(context, builder, sig, args):
-        i32t = ir.IntType(32)
-        out = _asm(builder, ir.LiteralStructType([i32t] * 4), [_address(context, builder, sig.args[0], *args)],
-                   "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.v4.b32 {$0,$1,$2,$3}, [g]; }",
-                   "=r,=r,=r,=r,l,~{memory}")
-        return context.make_tuple(builder, sig.return_type, [builder.extract_value(out, k) for k in range(4)])
-    return sig, codegen
+    ld.__name__, st.__name__ = f"_ld_global_{ptx_type}x4", f"_st_global_{ptx_type}x4"
+    return intrinsic(ld), intrinsic(st)
 
 
-@intrinsic
-def _st_global_i32x4(typingctx, array, index, v0, v1, v2, v3):
-    sig = nbt.void(array, nbt.int32, nbt.int32, nbt.int32, nbt.int32, nbt.int32)
-
-    def codegen(context, builder, sig, args):
-        _asm(builder, ir.VoidType(), [_address(context, builder, sig.args[0], args[0], args[1])] + list(args[2:]),
-             "{ .reg .u64 g; cvta.to.global.u64 g, $0; st.global.v4.b32 [g], {$1,$2,$3,$4}; }",
-             "l,r,r,r,r,~{memory}")
-        return context.get_dummy_value()
-    return sig, codegen
+_ld_global_f32x4, _st_global_f32x4 = _global_x4_intrinsics(nbt.float32, _F32, "f32", "f")
+_ld_global_i32x4, _st_global_i32x4 = _global_x4_intrinsics(nbt.int32, ir.IntType(32), "b32", "r")
 
 
 def _check_vector(array, index, what):
