@@ -109,8 +109,18 @@ def _publish_if_last(acc, arrivals, out1, out2, c, n, owner):
 
 
 @cuda.jit(device=True)
-def _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, out1, out2, c, tx, ty):
+def _split_rows(size, channels, rows_per_block):
+    """``(start, stop)``: the rows of this block's split of a reduction (``blockIdx.y``)."""
+    start = i32(cuda.blockIdx.y) * rows_per_block
+    return start, min(i32(size) // channels, start + rows_per_block)
+
+
+@cuda.jit(device=True)
+def _reduce_rows_and_add(a, b, acc, arrivals, out1, out2, c):
     """Sum the ROWS lanes of the block in shared memory, add the totals to ``acc`` and publish them if last."""
+    s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     s1[ty, tx] = a
     s2[ty, tx] = b
     cuda.syncthreads()
@@ -129,19 +139,15 @@ _STATS = (H1, F1, F1, F1, I1, I32, I32)
 
 @kernel("batchnorm_stats", _STATS)
 def _batchnorm_stats(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
-    s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
-    s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    c = cuda.blockIdx.x * COLS + tx
-    rows = x.size // channels
+    c = cuda.blockIdx.x * COLS + cuda.threadIdx.x
     a, b = ZERO, ZERO
     if c < channels:
-        stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
-        for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
+        start, stop = _split_rows(x.size, channels, rows_per_block)
+        for r in range(start + cuda.threadIdx.y, stop, ROWS):
             v = f32(x[r * channels + c])
             a += v
             b += v * v
-    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, sums, sumsq, c, tx, ty)
+    _reduce_rows_and_add(a, b, acc, arrivals, sums, sumsq, c)
 
 
 @cuda.jit(device=True)
@@ -158,10 +164,11 @@ def _vector_columns(channels):
 
 
 @cuda.jit(device=True)
-def _reduce_lanes_and_add8(shared, a, b, acc, arrivals, out1, out2, c, lane, lanes, columns, active):
+def _reduce_lanes_and_add8(a, b, acc, arrivals, out1, out2, c, lane, lanes, columns, active):
     """Sum the ``a[0:8]`` / ``b[0:8]`` of the block's row lanes of each vector column in shared memory
     (``shared[k, thread]``: consecutive threads, consecutive banks), add the totals to ``acc`` and publish them
     if last."""
+    shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     t = cuda.threadIdx.x
     for k in range(VEC8):
         shared[k, t] = a[k]
@@ -181,7 +188,6 @@ def _reduce_lanes_and_add8(shared, a, b, acc, arrivals, out1, out2, c, lane, lan
 
 @kernel("batchnorm_stats_vec8", _STATS)
 def _batchnorm_stats_vec8(x, sums, sumsq, acc, arrivals, channels, rows_per_block):
-    shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
     v = cuda.local.array(VEC8, nbt.float32)
@@ -189,13 +195,13 @@ def _batchnorm_stats_vec8(x, sums, sumsq, acc, arrivals, channels, rows_per_bloc
     for k in range(VEC8):
         a[k], b[k] = ZERO, ZERO
     if active:
-        start = i32(cuda.blockIdx.y) * rows_per_block
-        for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
+        start, stop = _split_rows(x.size, channels, rows_per_block)
+        for r in range(start + lane, stop, lanes):
             load8(v, x, r * channels + c)
             for k in range(VEC8):
                 a[k] += v[k]
                 b[k] += v[k] * v[k]
-    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, sums, sumsq, c, lane, lanes, columns, active)
+    _reduce_lanes_and_add8(a, b, acc, arrivals, sums, sumsq, c, lane, lanes, columns, active)
 
 
 # What the apply's two statistics arrays hold: the running mean and variance (eval), or the batch sum and sum of
@@ -360,27 +366,22 @@ _BACKWARD_REDUCE = (H1, H1, F1, F1, F1, F1, F1, F1, F1, I1, I32, I32, I32, I32, 
 @kernel("batchnorm_backward_reduce", _BACKWARD_REDUCE)
 def _batchnorm_backward_reduce(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
                                rows_per_block, gate, count, eps):
-    s1 = cuda.shared.array((ROWS, COLS), nbt.float32)
-    s2 = cuda.shared.array((ROWS, COLS), nbt.float32)
-    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-    c = cuda.blockIdx.x * COLS + tx
-    rows = x.size // channels
+    c = cuda.blockIdx.x * COLS + cuda.threadIdx.x
     a, b = ZERO, ZERO
     if c < channels:
         m, s = _mean_invstd(sums, sumsq, c, SUMS, count, eps)
-        stop = min(rows, (cuda.blockIdx.y + 1) * rows_per_block)
-        for r in range(cuda.blockIdx.y * rows_per_block + ty, stop, ROWS):
+        start, stop = _split_rows(x.size, channels, rows_per_block)
+        for r in range(start + cuda.threadIdx.y, stop, ROWS):
             xhat = (f32(x[r * channels + c]) - m) * s
             g = _gated(f32(dy[r * channels + c]), xhat * gamma[c] + beta[c], gate)
             a += g
             b += g * xhat
-    _reduce_rows_and_add(s1, s2, a, b, acc, arrivals, dbeta, dgamma, c, tx, ty)
+    _reduce_rows_and_add(a, b, acc, arrivals, dbeta, dgamma, c)
 
 
 @kernel("batchnorm_backward_reduce_vec8", _BACKWARD_REDUCE)
 def _batchnorm_backward_reduce_vec8(x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, acc, arrivals, channels,
                                     rows_per_block, gate, count, eps):
-    shared = cuda.shared.array((SUMS8, THREADS), nbt.float32)
     a = cuda.local.array(VEC8, nbt.float32)
     b = cuda.local.array(VEC8, nbt.float32)
     m = cuda.local.array(VEC8, nbt.float32)
@@ -396,8 +397,8 @@ def _batchnorm_backward_reduce_vec8(x, dy, sums, sumsq, gamma, beta, dgamma, dbe
         for k in range(VEC8):
             m[k], s[k] = _mean_invstd(sums, sumsq, c + k, SUMS, count, eps)
             scale[k], shift[k] = s[k] * gamma[c + k], beta[c + k]
-        start = i32(cuda.blockIdx.y) * rows_per_block
-        for r in range(start + lane, min(i32(x.size) // channels, start + rows_per_block), lanes):
+        start, stop = _split_rows(x.size, channels, rows_per_block)
+        for r in range(start + lane, stop, lanes):
             i = r * channels + c
             load8(g, dy, i)
             load8(v, x, i)
@@ -405,7 +406,7 @@ def _batchnorm_backward_reduce_vec8(x, dy, sums, sumsq, gamma, beta, dgamma, dbe
                 gk = _gated(g[k], (v[k] - m[k]) * scale[k] + shift[k], gate)
                 a[k] += gk
                 b[k] += gk * (v[k] - m[k]) * s[k]
-    _reduce_lanes_and_add8(shared, a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
+    _reduce_lanes_and_add8(a, b, acc, arrivals, dbeta, dgamma, c, lane, lanes, columns, active)
 
 
 # (x, dy, sums, sumsq, gamma, beta, dgamma, dbeta, dx, channels, accumulate, replicas, gate, eps): the forward's
