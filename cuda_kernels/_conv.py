@@ -20,7 +20,7 @@ from .batchnorm import batchnorm_stats
 from .elementwise import fill_zero
 from .gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
 from .registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
-from ._tile import A_TILE, B_TILE, BK, BM, BN, THREADS_PER_BLOCK, TM, TN, tile_col, tile_row
+from ._tile import BK, BM, BN, THREADS_PER_BLOCK, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
 _SPLIT_TARGET_BLOCKS = 2 if SIMULATOR else 264   # two blocks per SM of an H200
@@ -97,11 +97,9 @@ _backward_weight_mainloop = make_mainloop(_load_dy_column, _load_x_for_dw, a_k_f
 
 @kernel("conv2d_forward", (H1, H1, H1, CONV_GEOMETRY))
 def _conv2d_forward(x, w, y, geo):
-    As = cuda.shared.array(A_TILE, nbt.float16)
-    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, m0, n0 = cuda.blockIdx.z, cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
-    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
+    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], acc)
     for i in range(TM):
         m = m0 + tile_row(i)
         for j in range(TN):
@@ -112,8 +110,6 @@ def _conv2d_forward(x, w, y, geo):
 
 @kernel("conv2d_forward_bn_stats", (H1, H1, H1, F1, F1, CONV_GEOMETRY))
 def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
-    As = cuda.shared.array(A_TILE, nbt.float16)
-    Bs = cuda.shared.array(B_TILE, nbt.float16)
     col_sum = cuda.shared.array(BN, nbt.float32)
     col_sumsq = cuda.shared.array(BN, nbt.float32)
     acc = cuda.local.array((TM, TN), nbt.float32)
@@ -123,7 +119,7 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
         col_sum[c] = ZERO
         col_sumsq[c] = ZERO
     cuda.syncthreads()
-    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
+    forward_mainloop(x, w, geo, g, m0, n0, 0, geo[2], acc)
     for j in range(TN):
         n = n0 + tile_col(j)
         part, part_sq = ZERO, ZERO
@@ -144,11 +140,9 @@ def _conv2d_forward_bn_stats(x, w, y, sums, sumsq, geo):
 
 @kernel("conv2d_backward_data", (H1, H1, H1, CONV_GEOMETRY))
 def _conv2d_backward_data(dy, w, dx, geo):
-    As = cuda.shared.array(A_TILE, nbt.float16)
-    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, m0, n0 = cuda.blockIdx.z, cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
-    _backward_data_mainloop(dy, w, geo, g, m0, n0, 0, geo[2], As, Bs, acc)
+    _backward_data_mainloop(dy, w, geo, g, m0, n0, 0, geo[2], acc)
     for i in range(TM):
         m = m0 + tile_row(i)
         for j in range(TN):

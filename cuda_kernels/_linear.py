@@ -10,18 +10,16 @@ from numba import cuda
 from ._conv import conv2d_backward, conv2d_forward, conv_geometry, forward_mainloop
 from .gemm import BLOCK, CONV_GEOMETRY, gemm_grid
 from .registry import F1, H1, ZERO, grid_1d, kernel, nbt
-from ._tile import A_TILE, B_TILE, BM, BN, TM, TN, tile_col, tile_row
+from ._tile import BM, BN, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
 
 
 @kernel("linear_forward_bias", (H1, H1, F1, H1, CONV_GEOMETRY))
 def _linear_forward_bias(x, w, bias, y, geo):
-    As = cuda.shared.array(A_TILE, nbt.float16)
-    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     m0, n0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
-    forward_mainloop(x, w, geo, 0, m0, n0, 0, geo[2], As, Bs, acc)
+    forward_mainloop(x, w, geo, 0, m0, n0, 0, geo[2], acc)
     for i in range(TM):
         m = m0 + tile_row(i)
         for j in range(TN):

@@ -2,7 +2,8 @@
 
 ``make_mainloop(load_a, load_b, a_k_fastest, b_k_fastest)`` builds a device function
 that accumulates one block's ``BM x BN`` tile of ``C = A @ B`` over the reduction range
-``[k_begin, k_end)``. ``load_a(a, geo, g, m, k)`` and ``load_b(b, geo, g, k, n)`` read one
+``[k_begin, k_end)`` into the thread's ``acc[TM, TN]``, staging the tiles in shared memory it allocates
+itself. ``load_a(a, geo, g, m, k)`` and ``load_b(b, geo, g, k, n)`` read one
 fp16 element of the implicit operands (zero outside the input: the padding of a
 convolution); the ``*_k_fastest`` flags choose which index consecutive threads walk
 while staging a tile, so that global loads are coalesced along the contiguous axis.
@@ -18,7 +19,7 @@ from numba import cuda
 from .registry import ZERO, geometry, int32_tuple, nbt
 
 f16 = nbt.float16
-from ._tile import BK, BM, BN, THREADS_PER_BLOCK, TM, TN, TX, TY, tile_mma
+from ._tile import A_TILE, B_TILE, BK, BM, BN, THREADS_PER_BLOCK, TM, TN, TX, TY, tile_mma
 
 GEOMETRY_FIELDS = ("gemm_m", "gemm_n", "gemm_k", "batch", "h", "w", "c_in", "oh", "ow", "c_out",
                    "kh", "kw", "stride", "pad", "groups", "k_chunk", "accumulate")
@@ -39,7 +40,9 @@ def gemm_grid(m, n, groups, splits=1):
 
 def make_mainloop(load_a, load_b, a_k_fastest, b_k_fastest):
     @cuda.jit(device=True)
-    def mainloop(a, b, geo, g, m0, n0, k_begin, k_end, As, Bs, acc):
+    def mainloop(a, b, geo, g, m0, n0, k_begin, k_end, acc):
+        As = cuda.shared.array(A_TILE, nbt.float16)
+        Bs = cuda.shared.array(B_TILE, nbt.float16)
         gemm_m, gemm_n = geo[0], geo[1]
         tid = cuda.threadIdx.y * TX + cuda.threadIdx.x
         for i in range(TM):
