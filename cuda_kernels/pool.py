@@ -26,14 +26,20 @@ def _windows_covering(h, k, s, p, out_size):
     return lo, hi
 
 
+@cuda.jit(device=True)
+def _element(e, c_, w_, h_):
+    """``(n, h, w, c)`` of element ``e`` of an NHWC tensor ``(N, h_, w_, c_)``."""
+    c = e % c_   # c, w, h before n: the order the kernels' SASS was measured in (n first costs registers)
+    w = (e // c_) % w_
+    h = (e // (c_ * w_)) % h_
+    return e // (c_ * w_ * h_), h, w, c
+
+
 @kernel("maxpool_forward", (H1, H1, I1, POOL_GEOMETRY))
 def _maxpool_forward(x, y, argmax, geo):
     n_, h_, w_, c_, oh_, ow_, k, s, p = geo
     for o in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        c = o % c_
-        ow = (o // c_) % ow_
-        oh = (o // (c_ * ow_)) % oh_
-        n = o // (c_ * ow_ * oh_)
+        n, oh, ow, c = _element(o, c_, ow_, oh_)
         best, best_index = _NEG_INF, 0
         for i in range(k):
             h = oh * s - p + i
@@ -72,10 +78,7 @@ def _avgpool_forward(x, y, geo):
     n_, h_, w_, c_, oh_, ow_, k, s, p = geo
     inv_area = ONE / f32(k * k)
     for o in range(cuda.grid(1), y.size, cuda.gridsize(1)):
-        c = o % c_
-        ow = (o // c_) % ow_
-        oh = (o // (c_ * ow_)) % oh_
-        n = o // (c_ * ow_ * oh_)
+        n, oh, ow, c = _element(o, c_, ow_, oh_)
         acc = ZERO
         for i in range(k):
             h = oh * s - p + i
@@ -91,10 +94,7 @@ def _avgpool_backward(dy, dx, geo, accumulate):
     n_, h_, w_, c_, oh_, ow_, k, s, p = geo
     inv_area = ONE / f32(k * k)
     for e in range(cuda.grid(1), dx.size, cuda.gridsize(1)):
-        c = e % c_
-        w = (e // c_) % w_
-        h = (e // (c_ * w_)) % h_
-        n = e // (c_ * w_ * h_)
+        n, h, w, c = _element(e, c_, w_, h_)
         acc = ZERO
         oh0, oh1 = _windows_covering(h, k, s, p, oh_)
         ow0, ow1 = _windows_covering(w, k, s, p, ow_)
