@@ -20,6 +20,7 @@ from .batchnorm import batchnorm_stats
 from .elementwise import fill_zero
 from .gemm import BLOCK, CONV_GEOMETRY, gemm_grid, make_geometry, make_mainloop
 from .registry import F1, H1, SIMULATOR, ZERO, flat, grid_1d, kernel, nbt
+from .vector import VEC8, vectorisable
 from ._tile import BK, BM, BN, THREADS_PER_BLOCK, TM, TN, tile_col, tile_row
 
 f16, f32 = nbt.float16, nbt.float32
@@ -158,13 +159,11 @@ def _conv2d_backward_data(dy, w, dx, geo):
 @kernel("conv2d_backward_weight", (H1, H1, F1, CONV_GEOMETRY))
 def _conv2d_backward_weight(dy, x, dw, geo):
     """Adds this block's share of the pixel reduction into ``dw`` (zeroed by the launcher)."""
-    As = cuda.shared.array(A_TILE, nbt.float16)
-    Bs = cuda.shared.array(B_TILE, nbt.float16)
     acc = cuda.local.array((TM, TN), nbt.float32)
     g, split = cuda.blockIdx.z % geo[14], cuda.blockIdx.z // geo[14]
     m0, n0 = cuda.blockIdx.x * BM, cuda.blockIdx.y * BN
     k_begin = split * geo[15]
-    _backward_weight_mainloop(dy, x, geo, g, m0, n0, k_begin, min(geo[2], k_begin + geo[15]), As, Bs, acc)
+    _backward_weight_mainloop(dy, x, geo, g, m0, n0, k_begin, min(geo[2], k_begin + geo[15]), acc)
     for i in range(TM):
         m = m0 + tile_row(i)
         for j in range(TN):
@@ -256,8 +255,8 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
     pixels = y.size // c_out
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
         geo = conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw)
-        if _depthwise.vectorisable(c_out, x, y):
-            launcher.launch(_depthwise.forward_vec8, *grid_1d(y.size // _depthwise.VEC), flat(x), flat(w), flat(y),
+        if vectorisable(c_out, VEC8, x, y):
+            launcher.launch(_depthwise.forward_vec8, *grid_1d(y.size // VEC8), flat(x), flat(w), flat(y),
                             geo)
         else:
             launcher.launch(_depthwise_forward, *grid_1d(y.size), flat(x), flat(w), flat(y), geo)
@@ -280,7 +279,7 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
     pixels_out = dy.size // c_out
     fill_zero(launcher, dw)
     if _is_depthwise(tuple(x.shape), tuple(w.shape), groups):
-        vec = _depthwise.VEC if _depthwise.vectorisable(c_out, x, dy) else 1
+        vec = VEC8 if vectorisable(c_out, VEC8, x, dy) else 1
         blocks = math.ceil(dw.size / vec / DEPTHWISE_WEIGHT_THREADS)
         splits, chunk = _reduction_split(pixels_out, blocks, 64)
         geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, chunk)
@@ -289,8 +288,8 @@ def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
         if dx is not None:
             geo = conv_geometry(x.shape, w.shape, dy.shape, stride, pad, groups, c_out, kh * kw, pixels_out, 0,
                                 accumulate)
-            if _depthwise.vectorisable(c_out, dy, dx):
-                launcher.launch(_depthwise.backward_data_vec8, *grid_1d(dx.size // _depthwise.VEC), flat(dy),
+            if vectorisable(c_out, VEC8, dy, dx):
+                launcher.launch(_depthwise.backward_data_vec8, *grid_1d(dx.size // VEC8), flat(dy),
                                 flat(w), flat(dx), geo)
             else:
                 launcher.launch(_depthwise_backward_data, *grid_1d(dx.size), flat(dy), flat(w), flat(dx), geo)
