@@ -164,6 +164,16 @@ def _input_grad_kernels(cin):
     return span, parallel
 
 
+def _weight_grad_parallel(span):
+    """The weight-gradient spans' ``parallel``: every partition's span, one thread each."""
+    @njit(parallel=True)
+    def parallel(x, dy, dwk_parts, s, p, nparts):
+        for t in prange(nparts):
+            span(x, dy, dwk_parts, s, p, t, nparts)
+
+    return parallel
+
+
 @functools.cache
 def _weight_grad_kernels(cout):
     rows = max(1, WGRAD_BLOCK_FLOATS // cout)
@@ -209,12 +219,7 @@ def _weight_grad_kernels(cout):
                                 store(block, q, dwf, dw_at + uint64(q * cout))
                         c0 += done
 
-    @njit(parallel=True)
-    def parallel(x, dy, dwk_parts, s, p, nparts):
-        for t in prange(nparts):
-            span(x, dy, dwk_parts, s, p, t, nparts)
-
-    return span, parallel
+    return span, _weight_grad_parallel(span)
 
 
 @functools.cache
@@ -271,12 +276,7 @@ def _folded_weight_grad_kernels(cout):
                             store(block, q, dwf, dw_at + uint64(q * cout))
                     e0 += done
 
-    @njit(parallel=True)
-    def parallel(x, dy, dwk_parts, s, p, nparts):
-        for t in prange(nparts):
-            span(x, dy, dwk_parts, s, p, t, nparts)
-
-    return span, parallel
+    return span, _weight_grad_parallel(span)
 
 
 def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
