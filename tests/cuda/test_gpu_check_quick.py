@@ -33,7 +33,9 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
         raise RuntimeError("capture refused (test)")
     monkeypatch.setattr(graph, "graph_support", lambda: (True, ""))
     monkeypatch.setattr(graph, "capture_graph", refuse)
-    model = StepModel("tiny", tiny, 4, 4, "a stand-in for resnet18-cifar")
+    # batch 2 of 4x4 images: 32 pixels, one simulator tile of rows and one k-tile of the weight gradient per
+    # step (the kernels themselves are checked in test_mma_conv.py); each of the ~20 steps then costs half
+    model = StepModel("tiny", tiny, 2, 4, "a stand-in for resnet18-cifar")
     for name in ("QUICK_CHECK", "QUICK_REPLAY", "QUICK_TIMING"):
         monkeypatch.setattr(quick, name, model)
     monkeypatch.setattr(budget, "DEFAULT_CLOCK", FrozenClock())   # the units' own budgets do not run out either
@@ -75,5 +77,5 @@ def test_the_quick_units_run_on_a_device_and_record_a_capture_fallback(tmp_path,
         assert row["ratio"] == pytest.approx(row["measured_ms"] / row["predicted_ms"])
     assert layers["conv 8>8 k3s1 4px #0", "forward"]["kernels"][0].startswith("mma_conv2d_forward")
     line = quick.summary_line(summary)
-    assert line.startswith("gpu: tiny 4 ours ") and "(eager fallback) torch-eager-amp n/a ratio n/a" in line
+    assert line.startswith("gpu: tiny 2 ours ") and "(eager fallback) torch-eager-amp n/a ratio n/a" in line
     assert "| max err vs cpu " in line and "arena " in line
