@@ -91,3 +91,77 @@ def vector_block(width: int, count: int):
         return types.none(block, q, y, i), codegen
 
     return alloc, zero, fma, store, load
+
+
+@functools.cache
+def float64_sums(width: int, count: int):
+    """``(alloc, zero, add, add_product, add_into)`` for ``count`` vectors of ``width`` float64 that sum float32
+    data in registers (BatchNorm's channel sums: a sum kept in a numba array costs a load and a store per add):
+
+    - ``alloc()``: the block (a float64 pointer to stack memory);
+    - ``zero(block, q)``: vector ``q`` = 0;
+    - ``add(block, q, a, i)``: vector ``q`` += ``a[i:i+width]`` widened to float64;
+    - ``add_product(block, q, a, b, i)``: vector ``q`` += ``a[i:i+width] * b[i:i+width]``, the product of the
+      widened values (exact: 24 + 24 significant bits fit float64's 53);
+    - ``add_into(block, q, out, i)``: ``out[i:i+width]`` += vector ``q`` (``out`` a float64 array).
+
+    As for `vector_block`: ``q`` a constant after unrolling, indices not bounds-checked.
+    """
+    vec = ir.VectorType(ir.DoubleType(), width)
+    narrow = ir.VectorType(ir.FloatType(), width)
+
+    def slot(builder, block, q):
+        return builder.bitcast(builder.gep(block, [builder.mul(q, ir.Constant(q.type, width))]), vec.as_pointer())
+
+    def element(context, builder, array_type, array, index, vector_type):
+        data = context.make_array(array_type)(context, builder, array).data
+        return builder.bitcast(builder.gep(data, [index]), vector_type.as_pointer())
+
+    def widened(context, builder, array_type, array, index):
+        return builder.fpext(builder.load(element(context, builder, array_type, array, index, narrow), align=4), vec)
+
+    @intrinsic
+    def alloc(typingctx):
+        def codegen(context, builder, sig, args):
+            return cgutils.alloca_once(builder, ir.DoubleType(), size=ir.Constant(ir.IntType(64), width * count))
+        return types.CPointer(types.float64)(), codegen
+
+    @intrinsic
+    def zero(typingctx, block, q):
+        def codegen(context, builder, sig, args):
+            builder.store(ir.Constant(vec, None), slot(builder, *args), align=8)
+            return context.get_dummy_value()
+        return types.none(block, q), codegen
+
+    @intrinsic
+    def add(typingctx, block, q, a, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, a_, i_ = args
+            target = slot(builder, block_, q_)
+            value = widened(context, builder, sig.args[2], a_, i_)
+            builder.store(builder.fadd(builder.load(target, align=8), value), target, align=8)
+            return context.get_dummy_value()
+        return types.none(block, q, a, i), codegen
+
+    @intrinsic
+    def add_product(typingctx, block, q, a, b, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, a_, b_, i_ = args
+            target = slot(builder, block_, q_)
+            product = builder.fmul(widened(context, builder, sig.args[2], a_, i_),
+                                   widened(context, builder, sig.args[3], b_, i_))
+            builder.store(builder.fadd(builder.load(target, align=8), product), target, align=8)
+            return context.get_dummy_value()
+        return types.none(block, q, a, b, i), codegen
+
+    @intrinsic
+    def add_into(typingctx, block, q, out, i):
+        def codegen(context, builder, sig, args):
+            block_, q_, out_, i_ = args
+            target = element(context, builder, sig.args[2], out_, i_, vec)
+            total = builder.fadd(builder.load(target, align=8), builder.load(slot(builder, block_, q_), align=8))
+            builder.store(total, target, align=8)
+            return context.get_dummy_value()
+        return types.none(block, q, out, i), codegen
+
+    return alloc, zero, add, add_product, add_into
