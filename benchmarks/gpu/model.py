@@ -55,7 +55,7 @@ class Gpu:
 
 H200 = Gpu()
 # registers per thread of each tile's kernels, an upper bound (ptxas -v, sm_80 and sm_90): the design budget
-DESIGN_REGISTERS = {256: 200, 128: 216, 64: 64}
+DESIGN_REGISTERS = {256: 200, 128: 216, 64: 176, 32: 240}   # 64: the 128x32 tile, 32: the 128x16 tile
 
 
 def blocks_per_sm(tile, shared_bytes, gpu=H200):
