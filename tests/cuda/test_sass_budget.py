@@ -24,11 +24,8 @@ OVER_BUDGET = frozenset({
     "mma_conv2d_backward_weight_any_channels_128x128x32", "mma_conv2d_backward_weight_any_channels_128x16x32",
     "mma_conv2d_backward_weight_any_channels_128x32x32", "mma_conv2d_backward_weight_any_channels_128x64x32",
     "mma_conv2d_backward_weight_any_channels_64x64x32",
-    "mma_conv2d_forward_128x16x32",
     "mma_conv2d_forward_any_channels_128x64x32", "mma_conv2d_forward_any_channels_64x64x32",
-    "mma_conv2d_forward_bn_stats_128x16x32",
     "mma_conv2d_forward_bn_stats_any_channels_128x64x32", "mma_conv2d_forward_bn_stats_any_channels_64x64x32",
-    "mma_linear_forward_bias_128x16x32",
 })
 
 
