@@ -335,6 +335,16 @@ def _cp_async_16_at_plus(typingctx, smem, window, byte_offset, src, index, plus,
 
 
 @intrinsic
+def _opaque_i32(typingctx, value):
+    """``value`` through a ``mov`` LLVM cannot see into (an int32 it then neither widens nor shares across uses)."""
+    sig = nbt.int32(nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, [_I32], [args[0]], "mov.b32 $0, $1;", "=r,r")[0]
+    return sig, codegen
+
+
+@intrinsic
 def _cp_async_16_from(typingctx, smem, window, byte_offset, src, row, plus, valid):
     """``cp_async_16_at`` of element ``row + plus``, the address ``&src[row]`` plus ``plus`` elements added as 64-bit
     integers (a second ``gep`` would be merged back into one of ``row + plus``): where ``row`` does not change along
@@ -351,6 +361,10 @@ def _cp_async_16_from(typingctx, smem, window, byte_offset, src, row, plus, vali
         _emit_cp_async_16(builder, builder.add(args[1], args[2]), gptr, args[6])
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _opaque_i32_twin(value):
+    return value
 
 
 def _window_zero(smem):
@@ -395,8 +409,10 @@ else:
 if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
     shared_window, cp_async_16_at, cp_async_16_at_plus = _window_zero, _cp_async_16_at_twin, _cp_async_16_at_plus_twin
     cp_async_16_from = _cp_async_16_from_twin
+    opaque_i32 = _opaque_i32_twin
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
 else:
     shared_window, cp_async_16_at, cp_async_16_at_plus = _shared_window, _cp_async_16_at, _cp_async_16_at_plus
     cp_async_16_from = _cp_async_16_from
+    opaque_i32 = _opaque_i32
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

@@ -72,8 +72,12 @@ class MmaTile:
 
 
 # Widest first; ``choose_tile`` takes the first whose width fits and that fills the GPU.
+# The narrow tiles have fewer, larger warp tiles (128x32: two warps of 64x32; 128x16: one warp of 128x16): a
+# k-tile's staging, tap step, barrier and waits cost a warp about as much whatever its share of the tile, so with
+# four warps of 32x32 / 32x16 (16 / 8 HMMAs per k-tile) they took 4.2-7.3 main-loop instructions per HMMA
+# (issue 23); 32 HMMAs per warp and k-tile bring that to 3.0-4.3 (``python -m benchmarks.sass_report``).
 GPU_TILES = (MmaTile(128, 128, 2, 4), MmaTile(128, 64, 2, 2), MmaTile(64, 64, 2, 2),
-             MmaTile(128, 32, 4, 1), MmaTile(128, 16, 4, 1))
+             MmaTile(128, 32, 2, 1), MmaTile(128, 16, 1, 1))
 # The simulator runs ~10k threads/s: two warps, a 32x16 tile (tests also run a GPU tile).
 SIM_TILE = MmaTile(32, 16, 2, 1)
 TILES = GPU_TILES + (SIM_TILE,)

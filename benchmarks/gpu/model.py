@@ -55,7 +55,7 @@ class Gpu:
 
 H200 = Gpu()
 # registers per thread of each tile's kernels, an upper bound (ptxas -v, sm_80 and sm_90): the design budget
-DESIGN_REGISTERS = {256: 200, 128: 216, 64: 64}
+DESIGN_REGISTERS = {256: 200, 128: 216, 64: 176, 32: 240}   # 64: the 128x32 tile, 32: the 128x16 tile
 
 
 def blocks_per_sm(tile, shared_bytes, gpu=H200):
@@ -97,13 +97,16 @@ def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, kernel, groups_z=1, k_p
     k_per_block = k_per_block or k
     splits = math.ceil(k / k_per_block)
     blocks = math.ceil(m / tile.bm) * math.ceil(n / tile.bn) * splits * groups_z
-    resident = blocks_per_sm(tile, shared_bytes, gpu)
+    # blocks sharing an SM at once: no more than the grid gives it (a grid of 2 blocks per SM is not charged 8)
+    resident = min(blocks_per_sm(tile, shared_bytes, gpu), math.ceil(blocks / gpu.sms))
     sm_rate = gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms
     t_mma = resident * 2.0 * tile.bm * tile.bn * BK / sm_rate
     warps = tile.threads // 32
     smem = warps * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
     t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    t_issue = resident * warps * loop_instructions(kernel, tile) / (gpu.schedulers * gpu.clock_hz)
+    # a warp issues at most one instruction per clock: fewer warps than schedulers leave some idle
+    t_issue = (resident * warps * loop_instructions(kernel, tile)
+               / (min(gpu.schedulers, resident * warps) * gpu.clock_hz))
     waves = math.ceil(blocks / (gpu.sms * resident))
     t_compute = waves * math.ceil(k_per_block / BK) * max(t_mma, t_smem, t_issue)
     t_hbm = hbm_bytes / gpu.hbm_bytes_s
