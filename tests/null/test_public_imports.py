@@ -39,6 +39,7 @@ ALLOWED = {
     "cpu_ref._conv": "white-box CPU kernel tests",
     "cpu_ref._conv_direct": "white-box CPU kernel tests",
     "cpu_ref._misc": "white-box CPU kernel tests",
+    "cpu_ref._norm": "white-box CPU kernel tests (BatchNorm's channel sums, every remainder of its strips and chunks)",
     "cpu_ref._table": "the CPU path's op table, checked against the registry",
     "cuda_kernels._conv": _KERNELS,
     "cuda_kernels._linear": _KERNELS,
