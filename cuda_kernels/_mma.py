@@ -55,6 +55,8 @@ read it back in 16-byte chunks for ``st_global_v4``.
     (sm_80) it is four ``red.global.add.f32``. The weight gradient's epilogue.
 ``swap_pair(v0, v1) -> (w0, w1)``: lane ``l``'s two fp32 as lane ``l ^ 1`` gave them (``shfl.sync.bfly`` of the full
 warp, every lane taking part).
+``warp_uniform(value) -> int32``: lane 0's ``value`` (``shfl.sync.idx`` of the full warp) for a value every lane
+already holds: ptxas then knows it is warp-uniform (a loop counted by it needs no ``WARPSYNC``).
 """
 from llvmlite import ir
 from numba import cuda
@@ -363,6 +365,16 @@ def _cp_async_16_from(typingctx, smem, window, byte_offset, src, row, plus, vali
     return sig, codegen
 
 
+@intrinsic
+def _warp_uniform(typingctx, value):
+    """``value`` of lane 0, every lane of the warp taking part (see the module docstring)."""
+    sig = nbt.int32(nbt.int32)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, [_I32], [args[0]], "shfl.sync.idx.b32 $0, $1, 0, 0x1f, 0xffffffff;", "=r,r")[0]
+    return sig, codegen
+
+
 def _opaque_i32_twin(value):
     return value
 
@@ -409,10 +421,10 @@ else:
 if SIMULATOR:   # the simulator runs device functions as Python: the twins, the window unused
     shared_window, cp_async_16_at, cp_async_16_at_plus = _window_zero, _cp_async_16_at_twin, _cp_async_16_at_plus_twin
     cp_async_16_from = _cp_async_16_from_twin
-    opaque_i32 = _opaque_i32_twin
+    opaque_i32 = warp_uniform = _opaque_i32_twin
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _ldmatrix_x4_at_twin, _ldmatrix_x4_trans_at_twin
 else:
     shared_window, cp_async_16_at, cp_async_16_at_plus = _shared_window, _cp_async_16_at, _cp_async_16_at_plus
     cp_async_16_from = _cp_async_16_from
-    opaque_i32 = _opaque_i32
+    opaque_i32, warp_uniform = _opaque_i32, _warp_uniform
     ldmatrix_x4_at, ldmatrix_x4_trans_at = _make_ldmatrix_at(LDMATRIX_PTX), _make_ldmatrix_at(LDMATRIX_TRANS_PTX)

@@ -15,7 +15,7 @@ from numba import cuda
 
 from . import _conv
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_from, ld_global_v4, pack_half2, st_global_v4, unpack_half2
+from ._mma import cp_async_16_from, ld_global_v4, opaque_i32, pack_half2, st_global_v4, unpack_half2, warp_uniform
 from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel, staged_barrier,
@@ -75,13 +75,13 @@ def make_dgrad(tile):
 
     @cuda.jit(device=True)
     def issue_next(smem, window, stage, operands, state):
-        dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, deltas, c_out = operands
+        dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, deltas, c_out, tw_bit, shifts = operands
         k, co, bx, by, off, b_off = state
         issue(smem, window, dy, w, stage, k, bx, by, off, b_off, a_base, a_miss, b_add, dst, gemm_k)
-        co, bx, by, offs = step_tap_bits(co, bx, by, (off, b_off), step, deltas, c_out, tw_)
+        co, bx, by, offs = step_tap_bits(co, bx, by, (off, b_off), step, deltas, c_out, tw_, tw_bit, shifts)
         return i32(k + BK), co, bx, by, offs[0], offs[1]
 
-    main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next)
+    main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next, fold_window=True)
 
     def conv2d_backward_data(dy, w, dx, geo):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
@@ -113,6 +113,9 @@ def make_dgrad(tile):
         # a block past this class's pixels runs no k-tile and stores nothing (no early return: ptxas would then
         # guard every warp-synchronous instruction with a WARPSYNC)
         tiles = i32((gemm_k + BK - 1) // BK) if m0 < gemm_m else i32(0)
+        # (from the phase class's divisions, which ptxas does not see as warp-uniform: without this the main
+        # loop's branch costs a WARPSYNC)
+        tiles = warp_uniform(tiles)
         k = i32((tid & 3) * CHUNK)
         tw_ = i32(max(tw_, i32(1)))   # a class no tap reaches has no k-tiles: any non-zero divisor
         co, tx, ty = tap_of(k, c_out, tw_)
@@ -132,7 +135,11 @@ def make_dgrad(tile):
         b_off = i32(i32(co * tap_c) + i32(ty * tap_y) + i32(tx * tap_x) + i32(i32(ph * kw_) + pw) * c_in)
         dst = (kc_offset(i32(tid >> 2), i32(tid & 3)), i32(i32(i32((tid & 3) * CHUNK) + j0) * B_ROW + cb * 16))
         off = i32(co - i32(i32(i32(ty * ow_) + tx) * c_out))
-        main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, (deltas, b_deltas), c_out),
+        # the tap step's constants held in registers (``opaque_i32``: else ptxas recomputes them in the loop)
+        tw_bit, shifts = u32(opaque_i32(i32(1 << tw_))), (step[1], opaque_i32(i32(step[1] + 1)), step[2],
+                                                          opaque_i32(i32(step[2] + 1)))
+        main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, (deltas, b_deltas), c_out,
+                                tw_bit, shifts),
                   (k, co, u32(u32(1) << u32(tx)), u32(u32(1 << 16) << u32(ty)), off, b_off), warp_m, warp_n, acc)
         # the fp32 tile staged in shared memory (``ROUNDS`` row blocks of a warp row each where it does not fit),
         # then 8 channels of one pixel per thread: dx (accumulated in fp32, rounded once) in 16-byte vectors

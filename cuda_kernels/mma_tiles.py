@@ -25,7 +25,7 @@ from numba import cuda
 
 from .dynamic_smem import STATIC_SHARED_LIMIT
 from ._mma import (cp_async_commit, cp_async_wait, ld_shared_v4, ldmatrix_x4_at, ldmatrix_x4_trans_at,
-                   mma_m16n8k16, pack_half2, shared_window, st_global_v4, st_shared_b32, unpack_half2)
+                   mma_m16n8k16, opaque_i32, pack_half2, shared_window, st_global_v4, st_shared_b32, unpack_half2)
 from .registry import SIMULATOR, ZERO, KernelSpec, jit_kernel, nbt
 
 BK = 32
@@ -213,7 +213,7 @@ def staged_barrier():
     cuda.syncthreads()
 
 
-def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None):
+def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None, fold_window=False):
     """The ``STAGES``-deep ``cp.async`` main loop the forward, input- and weight-gradient kernels share:
 
         prologue: tiles 0 .. STAGES-2 in flight (one commit group each, empty past the end)
@@ -252,7 +252,8 @@ def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None):
         block_barrier()
         state = issue_next(smem, window, i32(i32(read + STAGES - 1) % STAGES), operands, state)
         cp_async_commit()
-        warp_step(smem, window, i32(read * A_STAGE), i32(B_BASE + read * B_STAGE), a_off, b_off, acc)
+        warp_step(smem, nbt.uint32(0) if fold_window else window, i32(read * A_STAGE), i32(B_BASE + read * B_STAGE),
+                  a_off, b_off, acc)
         return state
 
     @cuda.jit(device=True)
@@ -261,6 +262,13 @@ def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None):
         b_off = cuda.local.array(KK, nbt.int32)
         fragment_offsets(warp_m, warp_n, a_off, b_off)
         window = shared_window(smem)
+        if fold_window:   # the window added to the fragment offsets once (``warp_step`` then gets 0): each ldmatrix
+            # address one register plus an immediate; else ptxas may recompute window + offset + stage in the loop
+            # under register pressure (dgrad 128x16: 234 -> 168 registers, 416 -> 394 loop instructions; the weight
+            # gradient's 64x64 and the any-channel forwards lose by it: they do not fold)
+            for kk in range(KK):
+                a_off[kk] = opaque_i32(i32(window + a_off[kk]))
+                b_off[kk] = opaque_i32(i32(window + b_off[kk]))
         for mi in range(MI):
             for ni in range(NI):
                 for r in range(4):
