@@ -117,6 +117,7 @@ DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
     "3x3-s2-p1-accumulate": (2, 7, 6, 16, 8, 3, 2, 1, True),  # four phase classes of unequal size
     "1x1-s2": (1, 5, 5, 24, 8, 1, 2, 0, False),               # three classes no tap reaches: zeros
     "7x7-s2-p3-c8": (1, 8, 7, 8, 8, 7, 2, 3, False),          # 12-16 taps per class, partial k-tiles
+    "3x3-s1-p1-co48": (1, 4, 5, 8, 48, 3, 1, 1, False),      # 48 dy channels: a k-tile's step wraps inside a tap
 }
 
 
