@@ -90,6 +90,20 @@ def loop_instructions(kernel, tile):
     return sass_counts()[kernel] * tile.mi * tile.ni * (BK // 16)
 
 
+def k_tile_bounds(kernel, tile, resident, gpu=H200):
+    """Seconds one SM needs for one k-tile of each of its ``resident`` blocks of ``kernel``, by each bound:
+    ``(tensor cores, shared memory, instruction issue)``."""
+    sm_rate = gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms
+    t_mma = resident * 2.0 * tile.bm * tile.bn * BK / sm_rate
+    warps = tile.threads // 32
+    smem = warps * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
+    t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
+    # a warp issues at most one instruction per clock: fewer warps than schedulers leave some idle
+    t_issue = (resident * warps * loop_instructions(kernel, tile)
+               / (min(gpu.schedulers, resident * warps) * gpu.clock_hz))
+    return t_mma, t_smem, t_issue
+
+
 def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, kernel, groups_z=1, k_per_block=None, gpu=H200):
     """Predicted time of one launch of tensor-core ``kernel``: ``groups_z`` independent GEMMs of m x n x k
     (implicit operands: ``hbm_bytes`` is what the tensors themselves hold; L2 serves the re-reads)."""
@@ -99,14 +113,7 @@ def predict_gemm(m, n, k, tile, shared_bytes, hbm_bytes, kernel, groups_z=1, k_p
     blocks = math.ceil(m / tile.bm) * math.ceil(n / tile.bn) * splits * groups_z
     # blocks sharing an SM at once: no more than the grid gives it (a grid of 2 blocks per SM is not charged 8)
     resident = min(blocks_per_sm(tile, shared_bytes, gpu), math.ceil(blocks / gpu.sms))
-    sm_rate = gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms
-    t_mma = resident * 2.0 * tile.bm * tile.bn * BK / sm_rate
-    warps = tile.threads // 32
-    smem = warps * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
-    t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    # a warp issues at most one instruction per clock: fewer warps than schedulers leave some idle
-    t_issue = (resident * warps * loop_instructions(kernel, tile)
-               / (min(gpu.schedulers, resident * warps) * gpu.clock_hz))
+    t_mma, t_smem, t_issue = k_tile_bounds(kernel, tile, resident, gpu)
     waves = math.ceil(blocks / (gpu.sms * resident))
     t_compute = waves * math.ceil(k_per_block / BK) * max(t_mma, t_smem, t_issue)
     t_hbm = hbm_bytes / gpu.hbm_bytes_s

@@ -12,20 +12,15 @@ from types import SimpleNamespace
 from cuda_kernels.mma_static import instruction_counts, ptxas_available, ptxas_info, shared_fits
 from cuda_kernels.mma_tiles import BK, STAGES, TILES
 
-from .model import H200, blocks_per_sm, loop_instructions
+from .model import H200, blocks_per_sm, k_tile_bounds
 
 ARCHS = ((8, 0), (9, 0))
 
 
 def _steady_tflops(name, tile, shared_bytes, gpu=H200):
-    """Every SM busy, no edge tiles: the mma / shared-memory / instruction-issue bound of one k-tile."""
+    """Every SM busy with as many blocks as fit, no edge tiles: the slowest bound of one k-tile."""
     resident = blocks_per_sm(tile, shared_bytes, gpu)
-    flops = resident * 2.0 * tile.bm * tile.bn * BK
-    t_mma = flops / (gpu.tensor_fp16_flops * gpu.mma_sync_share / gpu.sms)
-    smem = (tile.threads // 32) * (tile.mi * 16 + tile.ni * 8) * BK * 2 + (tile.bm + tile.bn) * BK * 2
-    t_smem = resident * smem / (gpu.smem_bytes_per_clock * gpu.clock_hz)
-    t_issue = resident * (tile.threads // 32) * loop_instructions(name, tile) / (gpu.schedulers * gpu.clock_hz)
-    return gpu.sms * flops / max(t_mma, t_smem, t_issue) / 1e12
+    return gpu.sms * resident * 2.0 * tile.bm * tile.bn * BK / max(k_tile_bounds(name, tile, resident, gpu)) / 1e12
 
 
 def static_records(archs=ARCHS):
