@@ -27,11 +27,13 @@ deterministic for a given thread count.
 """
 import contextlib
 
+import numba
 import numpy as np
 from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
 from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weight_grad
+from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 from planner.conv_algorithm import conv_algorithms
 
@@ -174,15 +176,18 @@ def _col2im_rows(colf, dxf, h, w, c, r0, r1, c0, cg, oh_, ow_, kh, kw, s, p):
 # ---------------------------------------------------------------------------- general: im2col + GEMM
 
 @njit(cache=True)
-def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate, t,
-               nparts):
+def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate,
+               ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts):
     """Partition ``t`` of the output rows (forward) or of the samples (backward), chunk by
     chunk in its own ``chunk*KD`` slice of ``colf``. With small-matrix chunks, ``wt_groups[g]`` is
     group ``g``'s weight transposed, ``(KD, Cout/groups)`` and C-contiguous (a transposed view keeps
     OpenBLAS's unpacked kernels out of the forward GEMM); otherwise it is empty and the forward
     multiplies by the transposed view, which the packed kernels take as fast (or faster).
 
-    Forward: writes ``ymat`` (the output as ``(rows, Cout)``). Backward: reads ``ymat`` as
+    Forward: writes ``ymat`` (the output as ``(rows, Cout)``), or with an epilogue (``ep_*``: the fields of
+    `cpu_ref._epilogue.Epilogue`; ``ep_out`` empty for none; groups 1 only) multiplies each chunk into its rows
+    of ``ymat`` (or, with ``ep_scratch``, into the partition's first rows, reused chunk after chunk while they
+    stay in cache) and writes the epilogue's result to ``ep_out``. Backward: reads ``ymat`` as
     ``dy``, adds the rows' weight gradient into ``dwt_parts[t]`` (``(KD, Cout)``: dW
     transposed, as ``col.T @ dy`` is the faster GEMM) and, when ``want_dx``, writes (or with
     ``accumulate`` adds into) ``dx`` of its samples.
@@ -212,7 +217,8 @@ def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk
         for g in range(groups):
             _im2col_rows(xf, h, w, c, cw, c0, c1, g * cg, cg, oh_, ow_, kh, kw, s, p)
             wg = w2d[g * kg:(g + 1) * kg]
-            rows = ymat[c0:c1] if groups == 1 else group_rows[:m]
+            src = r0 if ep_scratch else c0
+            rows = ymat[src:src + m] if groups == 1 else group_rows[:m]
             if not backward:
                 if wt_groups.shape[0] > 0:
                     np.dot(cmat[:m], wt_groups[g], rows)
@@ -222,6 +228,8 @@ def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk
                     for r in range(m):
                         for o in range(kg):
                             ymat[c0 + r, g * kg + o] = rows[r, o]
+                elif ep_out.shape[0] > 0:
+                    apply_rows(ymat, src, ep_out, c0, c1, ep_scale, ep_shift, ep_residual, ep_relu)
                 continue
             if groups > 1:
                 for r in range(m):
@@ -238,23 +246,30 @@ def _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk
 
 @njit(cache=True, parallel=True)
 def _gemm_parallel(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate,
-                   nparts):
+                   ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, nparts):
     for t in prange(nparts):
         _gemm_span(x, w2d, wt_groups, ymat, dx, dwt_parts, s, p, kh, kw, colf, chunk, backward, want_dx, accumulate,
-                   t, nparts)
+                   ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts)
 
 
 # ---------------------------------------------------------------------------- pointwise: the input is the matrix
 
 @njit(cache=True)
-def _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, t, nparts):
-    """Partition ``t`` of the rows. Forward: ``y = x @ W.T``. Backward: ``dw_parts[t] = dy.T @ x``
-    and ``dx = dy @ W`` (``accumulate``: added, through a ``chunk``-row buffer)."""
+def _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, ep_scale,
+                    ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts):
+    """Partition ``t`` of the rows. Forward: ``y = x @ W.T``, ``chunk`` rows per GEMM, with or without an
+    epilogue (as in `_gemm_span`). Backward: ``dw_parts[t] = dy.T @ x`` and ``dx = dy @ W``
+    (``accumulate``: added, through a ``chunk``-row buffer)."""
     r0, r1 = partition(x2d.shape[0], t, nparts)
     if r1 == r0:
         return
     if not backward:
-        np.dot(x2d[r0:r1], w2d.T, ymat[r0:r1])
+        for c0 in range(r0, r1, chunk):
+            c1 = min(r1, c0 + chunk)
+            src = r0 if ep_scratch else c0
+            np.dot(x2d[c0:c1], w2d.T, ymat[src:src + c1 - c0])
+            if ep_out.shape[0] > 0:
+                apply_rows(ymat, src, ep_out, c0, c1, ep_scale, ep_shift, ep_residual, ep_relu)
         return
     np.dot(ymat[r0:r1].T, x2d[r0:r1], dw_parts[t])
     if not want_dx:
@@ -272,9 +287,11 @@ def _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, ac
 
 
 @njit(cache=True, parallel=True)
-def _pointwise_parallel(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, nparts):
+def _pointwise_parallel(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, ep_scale,
+                        ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, nparts):
     for t in prange(nparts):
-        _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, t, nparts)
+        _pointwise_span(x2d, w2d, ymat, dx2d, dw_parts, chunk, backward, want_dx, accumulate, ep_scale,
+                        ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts)
 
 
 # ---------------------------------------------------------------------------- depthwise: a direct loop
@@ -365,8 +382,9 @@ def _depthwise_weight(w):
     return np.ascontiguousarray(w[:, :, :, 0].transpose(1, 2, 0))
 
 
-def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate):
-    """The general algorithm, forward or backward; returns dW transposed ``(KD, Cout)`` when ``backward``."""
+def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate, epilogue=NONE):
+    """The general algorithm, forward (with an `Epilogue`, or `NONE`) or backward; returns dW transposed
+    ``(KD, Cout)`` when ``backward``."""
     cout, kh, kw, cg = w.shape
     kd = kh * kw * cg
     groups = x.shape[3] // cg
@@ -382,22 +400,24 @@ def _run_gemm(x, w, ymat, dx, stride, pad, col, backward, accumulate):
     with blas_context:
         run_partitioned(_gemm_span, _gemm_parallel, nparts, rows * kd * cout // MACS_PER_ELEMENT, x,
                         w2d, wt_groups, ymat, dx if want_dx else _NO_DX, dwt_parts, stride, pad, kh, kw, colf,
-                        chunk, backward, want_dx, accumulate)
+                        chunk, backward, want_dx, accumulate, *epilogue)
     return dwt_parts.sum(axis=0) if backward else None
 
 
-def _run_pointwise(x, w, ymat, dx, backward, accumulate):
-    """Forward or backward of the pointwise case; returns dW ``(Cout, Cin)`` when ``backward``."""
+def _run_pointwise(x, w, ymat, dx, backward, accumulate, epilogue=NONE):
+    """Forward (with an `Epilogue`, or `NONE`) or backward of the pointwise case; returns dW ``(Cout, Cin)``
+    when ``backward``. The forward multiplies L2-sized chunks of rows, so that an epilogue reads them from cache."""
     cout, cin = w.shape[0], x.shape[3]
     x2d = x.reshape(-1, cin)
     rows = x2d.shape[0]
     nparts, blas_context = _gemm_partitions(rows)
+    chunk = _chunk_rows(rows, cin) if backward else _chunk_rows(rows // nparts, max(cin, cout))
     dw_parts = np.zeros((nparts, cout if backward else 0, cin), np.float32)
     want_dx = dx is not None
     with blas_context:
         run_partitioned(_pointwise_span, _pointwise_parallel, nparts, rows * cin * cout // MACS_PER_ELEMENT, x2d,
                         w.reshape(cout, cin), ymat, dx.reshape(-1, cin) if want_dx else _NO_DX_2D, dw_parts,
-                        _chunk_rows(rows, cin), backward, want_dx, accumulate)
+                        chunk, backward, want_dx, accumulate, *epilogue)
     return dw_parts.sum(axis=0) if backward else None
 
 
@@ -422,19 +442,45 @@ def _algorithms(w, stride, pad, groups, algorithms):
     return conv_algorithms(w.shape, stride, pad, groups) if algorithms is None else algorithms
 
 
-def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None):
+def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=None):
     """``y = conv2d(x, w)``; x ``(N,H,W,Cin)``, w ``(Cout,KH,KW,Cin//groups)``, y ``(N,OH,OW,Cout)``.
-    ``algorithms``: the plan's `ConvAlgorithms` for the layer (default: the rule of the shapes)."""
+    ``algorithms``: the plan's `ConvAlgorithms` for the layer (default: the rule of the shapes).
+    ``epilogue``: a `cpu_ref._epilogue.Epilogue` whose result goes to ``epilogue.out`` (``y`` is then a
+    workspace: its contents are unspecified); groups 1 and the pointwise, direct or general algorithm only
+    (`epilogue_supported`)."""
     cout = w.shape[0]
     algorithm = _algorithms(w, stride, pad, groups, algorithms).forward
+    if epilogue is not None and not epilogue_supported(algorithm, groups):
+        raise ValueError(f"conv2d_forward: an epilogue needs groups 1 and the pointwise, direct or gemm algorithm; "
+                         f"got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by one)")
+    epilogue = NONE if epilogue is None else epilogue
     if algorithm == "depthwise":
         _run_depthwise_forward(x, w, y, stride, pad)
     elif algorithm == "pointwise":
-        _run_pointwise(x, w, y.reshape(-1, cout), None, False, False)
+        _run_pointwise(x, w, y.reshape(-1, cout), None, False, False, epilogue)
     elif algorithm == "direct":
-        direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT)
+        direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT, epilogue)
     else:
-        _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False)
+        _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False, epilogue)
+
+
+def forward_workspace_used(x_shape, w_shape, stride, pad, groups, algorithm):
+    """Elements at the start of ``col`` that `conv2d_forward` may write: a chunk of im2col rows per partition
+    of the general algorithm, for any thread count; none for the others. The forward leaves the rest alone."""
+    if algorithm != "gemm":
+        return 0
+    n, h, wd, _ = x_shape
+    cout, kh, kw, cg = w_shape
+    rows = n * conv_output_size(h, kh, stride, pad) * conv_output_size(wd, kw, stride, pad)
+    most = 1 if BLAS_THREADS is None else max(1, min(numba.config.NUMBA_NUM_THREADS, rows))
+    # the most for any thread count the pool can be set to
+    return max(nparts * _gemm_chunk_rows(rows // nparts, kh * kw * cg, cout // groups)[0] * kh * kw * cg
+               for nparts in range(1, most + 1))
+
+
+def epilogue_supported(algorithm, groups):
+    """Whether `conv2d_forward` takes an epilogue for a layer of ``groups`` computed by ``algorithm``."""
+    return groups == 1 and algorithm in ("pointwise", "direct", "gemm")
 
 
 def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algorithms=None):

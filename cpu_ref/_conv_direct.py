@@ -22,6 +22,7 @@ import functools
 import numpy as np
 from numba import njit, prange, uint64
 
+from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
 from planner.conv_algorithm import FEW_INPUT_CHANNELS, block_floats
@@ -38,19 +39,24 @@ def _kernels(cout):
     alloc, zero, fma, store, _ = vector_block(cout, pixels)
 
     @njit
-    def span(x, wk, y, s, p, t, nparts):
-        """Output rows ``r = n*OH + oh`` of partition ``t``; ``wk`` is the weight as ``(KH, KW, Cin, Cout)``."""
+    def span(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts):
+        """Output rows ``r = n*OH + oh`` of partition ``t``; ``wk`` is the weight as ``(KH, KW, Cin, Cout)``.
+        With an epilogue (``ep_*``, as `cpu_ref._conv._gemm_span` takes it), each output row, written to its
+        row of ``y`` (with ``ep_scratch``, to the partition's first row, again and again), goes through it to
+        ``ep_out``."""
         n_, h, w, c = x.shape
         kh, kw = wk.shape[0], wk.shape[1]
         _, oh_, ow_, _ = y.shape
         xf, wf, yf = x.reshape(-1), wk.reshape(-1), y.reshape(-1)
+        y2d = y.reshape(-1, cout)
         block = alloc()
         inner_lo = (p + s - 1) // s                            # first output column whose window is inside
         inner_hi = max(inner_lo, min(ow_, (w - kw + p) // s + 1))
         r0, r1 = partition(n_ * oh_, t, nparts)
         for r in range(r0, r1):
             n, oh = r // oh_, r % oh_
-            y_row = uint64(r * ow_ * cout)
+            src = r0 if ep_scratch else r
+            y_row = uint64(src * ow_ * cout)
             ow = 0
             while ow < ow_:
                 whole = inner_lo <= ow and ow + pixels <= inner_hi
@@ -80,20 +86,23 @@ def _kernels(cout):
                     if q < done:
                         store(block, q, yf, y_row + uint64((ow + q) * cout))
                 ow += done
+            if ep_out.shape[0] > 0:
+                apply_rows(y2d, src * ow_, ep_out, r * ow_, (r + 1) * ow_, ep_scale, ep_shift, ep_residual, ep_relu)
 
     @njit(parallel=True)
-    def parallel(x, wk, y, s, p, nparts):
+    def parallel(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, nparts):
         for t in prange(nparts):
-            span(x, wk, y, s, p, t, nparts)
+            span(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts)
 
     return span, parallel
 
 
-def direct_forward(x, w, y, stride, pad, work):
-    """``y = conv2d(x, w)`` (groups 1); no workspace. ``work``:
-    its size in elementwise units, for `run_split`'s choice of the thread pool."""
+def direct_forward(x, w, y, stride, pad, work, epilogue=NONE):
+    """``y = conv2d(x, w)`` (groups 1), or with an `cpu_ref._epilogue.Epilogue`, its result in
+    ``epilogue.out``; no workspace. ``work``: its size in elementwise units, for `run_split`'s choice of the
+    thread pool."""
     span, parallel = _kernels(w.shape[0])
-    run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, stride, pad)
+    run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, stride, pad, *epilogue)
 
 
 # ---------------------------------------------------------------------------- backward: input and weight gradient

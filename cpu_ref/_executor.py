@@ -4,10 +4,17 @@ Every tensor is a view at its planned offset, made once per variant; a step allo
 nothing but the few bytes of its Python bookkeeping. With `separate_buffers=True` every
 saved and transient tensor gets its own array instead: both modes must give bit-identical
 results, which checks the memory plan on any machine.
+
+In an eval graph, a convolution followed by BatchNorm (and then optionally the residual add and ReLU) runs
+the chain as its epilogue (`cpu_ref._epilogue`), block by block while its output is in cache, when no other
+op reads the intermediate values and the chain's output shares no memory with what the convolution still
+reads. The result is bit-identical to the kernels run one by one (``eval_epilogues=False``); the chain's
+intermediate tensors are then not written.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +33,11 @@ from cpu_ref._table import CPU
 class CpuExecutor(ExecutorBase):
     """Train and evaluate a CompiledPlan on the CPU.
 
+    ``separate_buffers=True`` gives every tensor its own array instead of its place in the arena (the results
+    are bit-identical: a check of the memory plan). ``eval_epilogues=False`` runs an eval graph's
+    ``conv -> bn [-> add] [-> relu]`` chains op by op instead of as the convolution's epilogue: the same bits,
+    slower, and every intermediate tensor written (for inspecting them while debugging).
+
     >>> from blueprint import zoo
     >>> from planner import ArchPlan
     >>> from planner.compiler import Compiler
@@ -36,7 +48,8 @@ class CpuExecutor(ExecutorBase):
     (2, 3)
     """
 
-    def __init__(self, plan, loss=None, optimizer=None, seed: int = 0, separate_buffers: bool = False):
+    def __init__(self, plan, loss=None, optimizer=None, seed: int = 0, separate_buffers: bool = False,
+                 eval_epilogues: bool = True):
         if plan.arch.fuse or plan.arch.amp:
             raise ValueError("CpuExecutor runs fp32 unfused plans: build the ArchPlan with fuse=False, amp=False "
                              "(fused fp16 plans run on CudaExecutor)")
@@ -45,6 +58,8 @@ class CpuExecutor(ExecutorBase):
         arena_budget.check_arena_fits(plan, arena_budget.host_available_bytes(), "host")
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
+        self._eval_epilogues = eval_epilogues
+        self._chains: dict[tuple[str, str], dict[int, _Chain | None]] = {}
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._regions = {name: self._region_view(name) for name in ("params", "grads", "optim")}
@@ -81,12 +96,14 @@ class CpuExecutor(ExecutorBase):
     # ---- the steps (checks, variant choice and bookkeeping: ExecutorBase) ---------------------------------
     def _forward(self, variant, graph, x):
         views = self._load_batch(variant, x, None)
-        self._run_schedule(graph, views, lambda op: self._run(op, views, variant), forward_only=True)
+        chains = self._eval_chains(variant, graph, views)
+        self._run_schedule(graph, views, lambda op: self._run(op, views, variant, chains), forward_only=True)
         return views[self.plan.io["logits"]]
 
     def _evaluate(self, variant, x, y):
         views = self._load_batch(variant, x, y)
-        self._run_schedule("eval", views, lambda op: self._run(op, views, variant))
+        chains = self._eval_chains(variant, "eval", views)
+        self._run_schedule("eval", views, lambda op: self._run(op, views, variant, chains))
         io = self.plan.io
         return views[io["loss"]], views[io["correct"]], views[io["logits"]]
 
@@ -103,8 +120,22 @@ class CpuExecutor(ExecutorBase):
             views[self.plan.io["labels"]][...] = y
         return views
 
+    # ---- the eval graph's convolution epilogues ----------------------------------------------------------
+    def _eval_chains(self, variant, graph, views) -> dict:
+        """Op index -> its `_Chain` (a convolution that runs one) or None (an op a chain absorbed); empty for
+        a training graph or with ``eval_epilogues=False``. Found once per (variant, graph)."""
+        key = (variant, graph)
+        if key not in self._chains:
+            self._chains[key] = _find_chains(self.plan, graph, views) if self._eval_epilogues else {}
+        return self._chains[key]
+
     # ---- op dispatch -----------------------------------------------------------------------------------
-    def _run(self, op, views, variant):
+    def _run(self, op, views, variant, chains=None):
+        if chains and op.index in chains:
+            chain = chains[op.index]
+            if chain is not None:
+                _conv_fwd_chain(self, self.plan.arch.layers[op.layer], op, views, chain)
+            return
         if op.direction == "optimizer":
             return self._optimizer_update(views)
         layer = self.plan.arch.layers[op.layer]
@@ -163,6 +194,104 @@ def _conv_fwd(ex, layer, op, views):
     K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.Y, True),
                      layer.param("stride"), layer.param("padding"), layer.param("groups"), _col(op, views),
                      op.attr("conv"))
+
+
+class _Chain(NamedTuple):
+    """A convolution's eval epilogue: its BatchNorm op, the residual the add joins (or None), whether ReLU
+    follows, the chain's output tensor, and how the epilogue reaches it: ``"scratch"`` (the output shares no
+    memory with the convolution's, whose rows then hold one block at a time), ``"in place"`` (it is the
+    convolution's output) or ``"copy"`` (it overlaps what the convolution still reads: the epilogue runs in
+    place in the convolution's output, which is copied to it afterwards)."""
+    bn: object
+    residual: int | None
+    relu: bool
+    out: int
+    mode: str
+
+
+def _bytes(array):
+    start = array.__array_interface__["data"][0]
+    return start, start + array.nbytes
+
+
+def _overlap(a, b):
+    (a0, a1), (b0, b1) = _bytes(a), _bytes(b)
+    return a0 < b1 and b0 < a1
+
+
+def _same(a, b):
+    return _bytes(a) == _bytes(b)
+
+
+def _find_chains(plan, graph, views) -> dict:
+    """The chains ``conv -> bn [-> add] [-> relu]`` of consecutive forward ops of an eval graph whose
+    intermediate values only the next op reads, and whose output (in ``views``) is either the convolution's
+    output or disjoint from it, and either the residual or disjoint from it. Its `_Chain.mode` says how the
+    epilogue reaches that output."""
+    ops = plan.graphs[graph].ops
+    readers = {}
+    for op in ops:
+        for operand in op.reads:
+            readers[operand.tensor] = readers.get(operand.tensor, 0) + 1
+    io = set(plan.io.values())
+
+    def only_input_of_next(tid, i):
+        return readers.get(tid) == 1 and tid not in io and i + 1 < len(ops) and ops[i + 1].direction == "forward"
+
+    chains = {}
+    for i, op in enumerate(ops):
+        layer = plan.arch.layers[op.layer] if op.layer >= 0 else None
+        if (layer is None or op.kind != Prim.CONV.value or op.direction != "forward" or op.attr("training")
+                or not K.epilogue_supported(op.attr("conv").forward, layer.param("groups"))
+                or not only_input_of_next(op.written(Role.Y), i)):
+            continue
+        bn = ops[i + 1]
+        if bn.kind != Prim.BN2D.value or bn.attr("training") or bn.read(Role.X) != op.written(Role.Y):
+            continue
+        absorbed, out, residual, relu, j = [i + 1], bn.written(Role.Y), None, False, i + 2
+        if only_input_of_next(out, i + 1) and ops[j].kind == Prim.ADD.value:
+            a, b = ops[j].read(Role.A), ops[j].read(Role.B)
+            if out in (a, b) and a != b:
+                residual = b if a == out else a
+                absorbed.append(j)
+                out, j = ops[j].written(Role.Y), j + 1
+        if only_input_of_next(out, j - 1) and ops[j].kind == Prim.RELU.value and ops[j].read(Role.X) == out:
+            relu = True
+            absorbed.append(j)
+            out = ops[j].written(Role.Y)
+        y, final, x, weight = views[op.written(Role.Y)], views[out], views[op.read(Role.X)], views[op.read(Role.WEIGHT)]
+        col = op.written(Role.COL)
+        used = 0 if col is None else K.forward_workspace_used(x.shape, weight.shape, layer.param("stride"),
+                                                              layer.param("padding"), layer.param("groups"),
+                                                              op.attr("conv").forward)
+        if ((residual is not None and _overlap(final, views[residual]) and not _same(final, views[residual]))
+                or (_overlap(final, y) and not _same(final, y))):
+            continue
+        if _overlap(final, x) or (used and _overlap(final, views[col].reshape(-1)[:used])):
+            mode = "copy"   # y is disjoint from both (they are live together) and, here, from the output
+        else:
+            mode = "in place" if _same(final, y) else "scratch"
+        chains[i] = _Chain(bn, residual, relu, out, mode)
+        chains.update((k, None) for k in absorbed)
+    return chains
+
+
+def _conv_fwd_chain(ex, layer, op, views, chain):
+    bn_layer = ex.plan.arch.layers[chain.bn.layer]
+    scale, shift = K.eval_scale_shift(_v(chain.bn, views, Role.WEIGHT), _v(chain.bn, views, Role.BIAS),
+                                      _v(chain.bn, views, Role.RUNNING_MEAN), _v(chain.bn, views, Role.RUNNING_VAR),
+                                      bn_layer.param("eps"))
+    residual = views[chain.residual] if chain.residual is not None else None
+    y, out = _v(op, views, Role.Y, True), views[chain.out]
+    epilogue = K.Epilogue(scale, shift, _EMPTY_2D if residual is None else _as2d(residual), chain.relu,
+                          _as2d(y if chain.mode == "copy" else out), chain.mode == "scratch")
+    K.conv2d_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), y, layer.param("stride"),
+                     layer.param("padding"), layer.param("groups"), _col(op, views), op.attr("conv"), epilogue)
+    if chain.mode == "copy":
+        K.accumulate_into(out, y, False)
+
+
+_EMPTY_2D = np.zeros((0, 0), np.float32)
 
 
 def _col(op, views):

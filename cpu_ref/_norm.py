@@ -19,6 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from cpu_ref._epilogue import eval_scale_shift
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, float64_sums
 
@@ -156,8 +157,7 @@ def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, runni
 
 
 def batchnorm_forward_eval(x2d, gamma, beta, running_mean, running_var, eps, y2d):
-    scale = (gamma / np.sqrt(running_var.astype(np.float64) + eps)).astype(np.float32)
-    _scale_shift(x2d, scale, beta - running_mean * scale, y2d)
+    _scale_shift(x2d, *eval_scale_shift(gamma, beta, running_mean, running_var, eps), y2d)
 
 
 @njit(cache=True)

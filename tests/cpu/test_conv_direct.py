@@ -8,6 +8,7 @@ import pytest
 
 from cpu_ref import _conv_direct as D
 from cpu_ref import kernels as K
+from cpu_ref._epilogue import NONE
 from planner import reference as R
 from planner.conv_algorithm import FEW_INPUT_CHANNELS, ConvAlgorithms, conv_algorithms, target_vector_registers
 from tests.support.float32_error import assert_like_float32
@@ -48,8 +49,8 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     wk = np.ascontiguousarray(wt.transpose(1, 2, 3, 0))
     oh, ow = R.conv_output_size(h, k, s, p), R.conv_output_size(w, k, s, p)
     serial, pooled = np.empty((n, oh, ow, cout), F32), np.empty((n, oh, ow, cout), F32)
-    span(x, wk, serial, s, p, 0, 1)
-    parallel(x, wk, pooled, s, p, 3)
+    span(x, wk, serial, s, p, *NONE, 0, 1)
+    parallel(x, wk, pooled, s, p, *NONE, 3)
     assert serial.tobytes() == pooled.tobytes()
 
 
