@@ -22,7 +22,7 @@ from numba import njit
 
 from planner.scalar_activations import relu as _scalar_relu
 
-_relu = njit(inline="always")(_scalar_relu)
+_relu = njit(cache=True, inline="always")(_scalar_relu)   # cache=True: every kernel of cpu_ref is cached
 _ZERO = np.float32(0.0)
 
 

@@ -96,14 +96,12 @@ class CpuExecutor(ExecutorBase):
     # ---- the steps (checks, variant choice and bookkeeping: ExecutorBase) ---------------------------------
     def _forward(self, variant, graph, x):
         views = self._load_batch(variant, x, None)
-        chains = self._eval_chains(variant, graph, views)
-        self._run_schedule(graph, views, lambda op: self._run(op, views, variant, chains), forward_only=True)
+        self._run_schedule(graph, views, self._runner(views, variant, graph), forward_only=True)
         return views[self.plan.io["logits"]]
 
     def _evaluate(self, variant, x, y):
         views = self._load_batch(variant, x, y)
-        chains = self._eval_chains(variant, "eval", views)
-        self._run_schedule("eval", views, lambda op: self._run(op, views, variant, chains))
+        self._run_schedule("eval", views, self._runner(views, variant, "eval"))
         io = self.plan.io
         return views[io["loss"]], views[io["correct"]], views[io["logits"]]
 
@@ -129,13 +127,22 @@ class CpuExecutor(ExecutorBase):
             self._chains[key] = _find_chains(self.plan, graph, views) if self._eval_epilogues else {}
         return self._chains[key]
 
+    def _runner(self, views, variant, graph):
+        """``run_op`` for `_run_schedule`: `_run`, except that a chain's convolution runs the chain and the ops
+        it absorbed are skipped."""
+        chains = self._eval_chains(variant, graph, views)
+        if not chains:
+            return lambda op: self._run(op, views, variant)
+
+        def run_op(op):
+            if op.index not in chains:
+                self._run(op, views, variant)
+            elif chains[op.index] is not None:
+                _conv_fwd_chain(self, self.plan.arch.layers[op.layer], op, views, chains[op.index])
+        return run_op
+
     # ---- op dispatch -----------------------------------------------------------------------------------
-    def _run(self, op, views, variant, chains=None):
-        if chains and op.index in chains:
-            chain = chains[op.index]
-            if chain is not None:
-                _conv_fwd_chain(self, self.plan.arch.layers[op.layer], op, views, chain)
-            return
+    def _run(self, op, views, variant):
         if op.direction == "optimizer":
             return self._optimizer_update(views)
         layer = self.plan.arch.layers[op.layer]
