@@ -64,7 +64,7 @@ def step_tap_bits(ci, bx, by, offs, step, deltas, c_in, kw_, kw_bit, shifts):
     """``step_tap`` on a tap held as bits: ``bx = 1 << kx``, ``by = 1 << (16 + ky)`` (shifts instead of adds; the
     main loop then tests a tap against a row's valid taps with one ``and``), moving two offsets linear in the tap,
     ``offs``, by ``deltas`` (one triple each). ``bx`` reaches at most bit ``2 kw_ - 1`` before its wrap; ``by`` runs
-    off its word only past the end of the reduction, where the caller's ``k`` check replaces the tap. ``kw_bit``:
+    off its word only past the end of the reduction, where the caller's check of its end replaces the tap. ``kw_bit``:
     ``1 << kw_``; ``shifts``: ``bx``'s shift without and with a channel wrap, then ``by``'s without and with a ``kx``
     wrap (``step[1]``, ``step[1] + 1``, ``step[2]``, ``step[2] + 1``), computed before the main loop: one select
     each, not a select and an add (dgrad 128x16: 394 -> 385 loop instructions with the three below)."""
