@@ -15,8 +15,8 @@ from numba import cuda
 
 from . import _conv
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_from, ld_global_v4, opaque_i32, pack_half2, st_global_v4, unpack_half2, warp_uniform
-from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of
+from ._mma import cp_async_16_from, ld_global_v4, pack_half2, st_global_v4, unpack_half2, warp_uniform
+from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of, tap_step_constants
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel, staged_barrier,
                          pipeline_bytes, shared_array_words, stage_layout)
@@ -138,9 +138,7 @@ def make_dgrad(tile):
         b_off = i32(i32(co * tap_c) + i32(ty * tap_y) + i32(tx * tap_x) + i32(i32(ph * kw_) + pw) * c_in)
         dst = (kc_offset(i32(tid >> 2), i32(tid & 3)), i32(i32(i32((tid & 3) * CHUNK) + j0) * B_ROW + cb * 16))
         off = i32(co - i32(i32(i32(ty * ow_) + tx) * c_out))
-        # the tap step's constants held in registers (``opaque_i32``: else ptxas recomputes them in the loop)
-        tw_bit, shifts = u32(opaque_i32(i32(1 << tw_))), (step[1], opaque_i32(i32(step[1] + 1)), step[2],
-                                                          opaque_i32(i32(step[2] + 1)))
+        tw_bit, shifts = tap_step_constants(step, tw_)
         ty_in = u32(u32(u32(u32(1) << u32(th_)) - u32(1)) << u32(16))   # bits 16 .. 16 + th_ - 1
         main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, ty_in, tw_, step, (deltas, b_deltas), c_out,
                                 tw_bit, shifts),
