@@ -153,6 +153,9 @@ def cp_async_16(smem, byte_offset, src, index, valid):
     """Twin of ``cp.async.cg.shared.global [dst], [src], 16, valid ? 16 : 0`` (zero-fill)."""
     if byte_offset % 16 or (valid and index % 8):
         raise ValueError(f"cp.async: destination byte {byte_offset} / source element {index} not 16-byte aligned")
+    if valid and not 0 <= index <= src.size - 8:   # (a negative index would silently wrap around in numpy)
+        raise IndexError(f"cp.async: a copy of source elements {index}..{index + 7}, outside the array's "
+                         f"{src.size}; only a zero-fill copy (valid 0) may point anywhere")
     dst = smem.view(np.uint16)
     start = byte_offset // 2
     dst[start:start + 8] = _NAN_F16_BITS

@@ -64,10 +64,8 @@ def step_tap_bits(ci, bx, by, offs, step, deltas, c_in, kw_, kw_bit, shifts):
     """``step_tap`` on a tap held as bits: ``bx = 1 << kx``, ``by = 1 << (16 + ky)`` (shifts instead of adds; the
     main loop then tests a tap against a row's valid taps with one ``and``), moving two offsets linear in the tap,
     ``offs``, by ``deltas`` (one triple each). ``bx`` reaches at most bit ``2 kw_ - 1`` before its wrap; ``by`` runs
-    off its word only past the end of the reduction, where the caller's ``k`` check replaces the tap. ``kw_bit``:
-    ``1 << kw_``; ``shifts``: ``bx``'s shift without and with a channel wrap, then ``by``'s without and with a ``kx``
-    wrap (``step[1]``, ``step[1] + 1``, ``step[2]``, ``step[2] + 1``), computed before the main loop: one select
-    each, not a select and an add (dgrad 128x16: 394 -> 385 loop instructions with the three below)."""
+    off its word only past the end of the reduction, where the caller's check of its end replaces the tap.
+    ``kw_bit`` and ``shifts``: ``tap_step_constants(step, kw_)``."""
     wrap = ci >= i32(c_in - step[0])
     ci = i32(i32(ci + step[0]) - c_in) if wrap else i32(ci + step[0])
     bx = u32(bx << u32(shifts[1] if wrap else shifts[0]))
@@ -77,6 +75,17 @@ def step_tap_bits(ci, bx, by, offs, step, deltas, c_in, kw_, kw_bit, shifts):
     bx = u32(bx >> u32(kw_)) if wrap else bx
     by = u32(by << u32(shifts[3] if wrap else shifts[2]))
     return ci, bx, by, ((i32(o0 + deltas[0][2]), i32(o1 + deltas[1][2])) if wrap else (o0, o1))
+
+
+@cuda.jit(device=True)
+def tap_step_constants(step, kw_):
+    """``(kw_bit, shifts)`` of ``step_tap_bits``, for before the main loop: ``1 << kw_``, and ``bx``'s shift without and
+    with a channel wrap, then ``by``'s without and with a ``kx`` wrap (``step[1]``, ``step[1] + 1``, ``step[2]``,
+    ``step[2] + 1``): one select each in the loop, not a select and an add (dgrad 128x16: 394 -> 385 loop
+    instructions). The computed ones pass through ``opaque_i32``: else ptxas recomputes them in the loop (forward
+    128x16: 378 -> 373)."""
+    kw_bit, bx_wrap, by_wrap = i32(1 << kw_), i32(step[1] + 1), i32(step[2] + 1)
+    return u32(opaque_i32(kw_bit)), (step[1], opaque_i32(bx_wrap), step[2], opaque_i32(by_wrap))
 
 
 @cuda.jit(device=True)
@@ -227,11 +236,9 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         tiles = (gemm_k + BK - 1) // BK
         tap_x, tap_y = tap_start(kx, ky)
         dst = kc_offset(i32(tid >> 2), i32(tid & 3))
-        # step_tap_bits' constants, in registers (opaque: ptxas would recompute them in the loop; 128x16: 378 -> 373)
-        kw_bit, shifts = u32(1 << kw_), (step[1], i32(step[1] + 1), step[2], i32(step[2] + 1))
+        kw_bit, shifts = u32(0), (step[1], step[1], step[2], step[2])   # any_channels: step_tap takes neither
         if not any_channels:
-            kw_bit = u32(opaque_i32(i32(kw_bit)))
-            shifts = (step[1], opaque_i32(shifts[1]), step[2], opaque_i32(shifts[3]))
+            kw_bit, shifts = tap_step_constants(step, kw_)
         main_loop(smem, tiles, (x, w, a_base, a_h, a_w, a_miss, b_src, dst, geo, step, deltas, kw_bit, shifts),
                   (k, ci, tap_x, tap_y, i32(i32(i32(ky * w_) + kx) * c_in) + ci), warp_m, warp_n, acc)
         cuda.syncthreads()   # the pipeline's shared memory is free: stage the fp16 tile there

@@ -15,8 +15,8 @@ from numba import cuda
 
 from . import _conv
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_from, ld_global_v4, opaque_i32, pack_half2, st_global_v4, unpack_half2, warp_uniform
-from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of
+from ._mma import cp_async_16_from, ld_global_v4, pack_half2, st_global_v4, unpack_half2, warp_uniform
+from .mma_conv import MAX_TAPS, bits_between, step_tap_bits, tap_of, tap_step_constants
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, mma_kernel, staged_barrier,
                          pipeline_bytes, shared_array_words, stage_layout)
@@ -57,12 +57,15 @@ def make_dgrad(tile):
     PASSES = math.ceil(ROUND_ROWS / RPP)
 
     @cuda.jit(device=True)
-    def issue(smem, window, dy, w, stage, k, bx, by, off, b_off, a_base, a_miss, b_add, dst, gemm_k):
-        """Stage the k-tile at this thread's chunk column ``k`` (tap bits ``bx = 1 << tx``, ``by = 1 << (16 + ty)``;
-        ``off`` / ``b_off``: the tap's offsets in dy and w) into ``stage``."""
+    def issue(smem, window, dy, w, stage, bx, by, off, b_off, a_base, a_miss, b_add, dst, ty_in):
+        """Stage the k-tile of this thread's chunk column at tap bits ``bx = 1 << tx``, ``by = 1 << (16 + ty)``
+        (``off`` / ``b_off``: the tap's offsets in dy and w; ``ty_in``: the bits of ``by`` inside the reduction)
+        into ``stage``."""
         tid = i32(cuda.threadIdx.x)
         a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
-        k_ok = k < gemm_k   # this phase class's (geo holds none)
+        # inside this phase class's reduction (k < th_ tw_ c_out): exactly where ty < th_ (tx < tw_, co < c_out), a bit
+        # of ty_in while by holds ty's; past the end by may run off its word (0), outside it too. No k in the loop
+        k_ok = u32(by & ty_in) != u32(0)
         # past the end of the reduction bit 15, which no row's taps hold (taps <= MAX_TAPS): the copies zero-fill
         q = u32(bx | by) if k_ok else u32(1 << MAX_TAPS)
         for i in range(A_LOADS):
@@ -75,11 +78,11 @@ def make_dgrad(tile):
 
     @cuda.jit(device=True)
     def issue_next(smem, window, stage, operands, state):
-        dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, deltas, c_out, tw_bit, shifts = operands
-        k, co, bx, by, off, b_off = state
-        issue(smem, window, dy, w, stage, k, bx, by, off, b_off, a_base, a_miss, b_add, dst, gemm_k)
+        dy, w, a_base, a_miss, b_add, dst, ty_in, tw_, step, deltas, c_out, tw_bit, shifts = operands
+        co, bx, by, off, b_off = state
+        issue(smem, window, dy, w, stage, bx, by, off, b_off, a_base, a_miss, b_add, dst, ty_in)
         co, bx, by, offs = step_tap_bits(co, bx, by, (off, b_off), step, deltas, c_out, tw_, tw_bit, shifts)
-        return i32(k + BK), co, bx, by, offs[0], offs[1]
+        return co, bx, by, offs[0], offs[1]
 
     main_loop = make_pipeline(tile, a_trans=False, b_trans=True, issue_next=issue_next, fold_window=True)
 
@@ -135,12 +138,11 @@ def make_dgrad(tile):
         b_off = i32(i32(co * tap_c) + i32(ty * tap_y) + i32(tx * tap_x) + i32(i32(ph * kw_) + pw) * c_in)
         dst = (kc_offset(i32(tid >> 2), i32(tid & 3)), i32(i32(i32((tid & 3) * CHUNK) + j0) * B_ROW + cb * 16))
         off = i32(co - i32(i32(i32(ty * ow_) + tx) * c_out))
-        # the tap step's constants held in registers (``opaque_i32``: else ptxas recomputes them in the loop)
-        tw_bit, shifts = u32(opaque_i32(i32(1 << tw_))), (step[1], opaque_i32(i32(step[1] + 1)), step[2],
-                                                          opaque_i32(i32(step[2] + 1)))
-        main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, gemm_k, tw_, step, (deltas, b_deltas), c_out,
+        tw_bit, shifts = tap_step_constants(step, tw_)
+        ty_in = u32(u32(u32(u32(1) << u32(th_)) - u32(1)) << u32(16))   # bits 16 .. 16 + th_ - 1
+        main_loop(smem, tiles, (dy, w, a_base, a_miss, b_add, dst, ty_in, tw_, step, (deltas, b_deltas), c_out,
                                 tw_bit, shifts),
-                  (k, co, u32(u32(1) << u32(tx)), u32(u32(1 << 16) << u32(ty)), off, b_off), warp_m, warp_n, acc)
+                  (co, u32(u32(1) << u32(tx)), u32(u32(1 << 16) << u32(ty)), off, b_off), warp_m, warp_n, acc)
         # the fp32 tile staged in shared memory (``ROUNDS`` row blocks of a warp row each where it does not fit),
         # then 8 channels of one pixel per thread: dx (accumulated in fp32, rounded once) in 16-byte vectors
         c = i32((tid % CPR) * CHUNK)

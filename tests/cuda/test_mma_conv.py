@@ -118,12 +118,16 @@ DGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad, accumulate)
     "1x1-s2": (1, 5, 5, 24, 8, 1, 2, 0, False),               # three classes no tap reaches: zeros
     "7x7-s2-p3-c8": (1, 8, 7, 8, 8, 7, 2, 3, False),          # 12-16 taps per class, partial k-tiles
     "3x3-s1-p1-co48": (1, 4, 5, 8, 48, 3, 1, 1, False),      # 48 dy channels: a k-tile's step wraps inside a tap
+    # 15 filter rows, 8 dy channels: 4 taps a k-tile; the two k-tiles issued past the end move the row bit of the
+    # tap (bit 16 + ty) off its word (ty >= 16), where only the check of the reduction's end keeps the copies invalid
+    "15x1-taps-past-the-word": (1, 16, 2, 8, 8, (15, 1), 1, 0, False),
 }
 
 
 def _dgrad(rng, config, tile=None, cases=DGRAD_CASES):
     n, h, w_, cin, cout, k, s, p, accumulate = cases[config]
-    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
+    kh, kw = k if isinstance(k, tuple) else (k, k)
+    x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, kh, kw, cin), 0.5)
     dy = half(rng, ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape)
     dx0 = half(rng, x.shape)
     dx = dev(dx0) if accumulate else garbage(x.shape, np.float16)

@@ -176,6 +176,25 @@ def test_cp_async_lands_at_wait_group_with_zero_fill():
 
 
 @cuda.jit
+def _cp_async_one_kernel(src, index, valid):
+    smem = cuda.shared.array(8, np.float16)
+    cp_async_16(smem, 0, src, index, valid)
+    cp_async_commit()
+    WAIT_ALL()
+
+
+@pytest.mark.parametrize("index", [-8, 512])
+def test_cp_async_refuses_a_valid_copy_outside_its_source(index):
+    """A valid copy reads 8 elements of its array (outside it a GPU reads another tensor's bytes or faults; numpy
+    would wrap -8 round to the last chunk); a zero-fill copy (valid 0) reads nothing and may point anywhere."""
+    src = np.ones(512, np.float16)
+    _cp_async_one_kernel[1, 1](src, 504, 1)
+    _cp_async_one_kernel[1, 1](src, index, 0)
+    with pytest.raises(IndexError, match="outside the array"):
+        _cp_async_one_kernel[1, 1](src, index, 1)
+
+
+@cuda.jit
 def _store_chunk_kernel(src, out):
     smem = cuda.shared.array(64, np.float32)
     lane = cuda.threadIdx.x
