@@ -7,9 +7,9 @@ results, which checks the memory plan on any machine.
 
 In an eval graph, a convolution followed by BatchNorm (and then optionally the residual add and ReLU) runs
 the chain as its epilogue (`cpu_ref._epilogue`), block by block while its output is in cache, when no other
-op reads the intermediate values and the chain's output shares no memory with what the convolution still
-reads. The result is bit-identical to the kernels run one by one (``eval_epilogues=False``); the chain's
-intermediate tensors are then not written.
+op reads the intermediate values (`_find_chains`; where the plan put the chain's output over memory the
+convolution still reads, one copy moves the result there afterwards). The result is bit-identical to the
+kernels run one by one (``eval_epilogues=False``); the chain's intermediate tensors are then not written.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def test_fit_submits_the_next_step_before_reading_the_last():
         return _Recorded(log, index, submit(x, y, lr))
 
     executor.submit_train_step = recorded_submit
-    history = task.fit()
+    task.fit()
     steps = 2 * SIZE // BATCH
     expected = [("submit", 0)]
     for k in range(1, SIZE // BATCH):
