@@ -22,6 +22,38 @@ from planner.conv_algorithm import target_vector_registers
 VECTOR_REGISTERS = target_vector_registers()
 
 
+def _block(scalar, numba_scalar, width: int, count: int):
+    """What `vector_block` and `float64_sums` share, for ``count`` vectors of ``width`` ``scalar`` (an llvmlite type;
+    ``numba_scalar`` the same as numba's): ``(vec, slot, alloc, zero)``, the vector type, the address of vector ``q``
+    of a block, and the ``alloc()`` and ``zero(block, q)`` intrinsics."""
+    vec = ir.VectorType(scalar, width)
+    align = numba_scalar.bitwidth // 8
+
+    def slot(builder, block, q):
+        return builder.bitcast(builder.gep(block, [builder.mul(q, ir.Constant(q.type, width))]), vec.as_pointer())
+
+    @intrinsic
+    def alloc(typingctx):
+        def codegen(context, builder, sig, args):
+            return cgutils.alloca_once(builder, scalar, size=ir.Constant(ir.IntType(64), width * count))
+        return types.CPointer(numba_scalar)(), codegen
+
+    @intrinsic
+    def zero(typingctx, block, q):
+        def codegen(context, builder, sig, args):
+            builder.store(ir.Constant(vec, None), slot(builder, *args), align=align)
+            return context.get_dummy_value()
+        return types.none(block, q), codegen
+
+    return vec, slot, alloc, zero
+
+
+def _element(context, builder, array_type, array, index, vector_type):
+    """The address of ``array[index:index + width]`` as a ``vector_type`` pointer."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [index]), vector_type.as_pointer())
+
+
 @functools.cache
 def vector_block(width: int, count: int):
     """``(alloc, zero, fma, store, load)`` for a block of ``count`` vectors of ``width`` float32:
@@ -35,33 +67,13 @@ def vector_block(width: int, count: int):
     ``q`` must be a compile-time constant after unrolling for the block to live in registers.
     Indices are not bounds-checked (numba's arrays are not either).
     """
-    vec = ir.VectorType(ir.FloatType(), width)
-
-    def slot(builder, block, q):
-        return builder.bitcast(builder.gep(block, [builder.mul(q, ir.Constant(q.type, width))]), vec.as_pointer())
-
-    def element(context, builder, array_type, array, index):
-        data = context.make_array(array_type)(context, builder, array).data
-        return builder.bitcast(builder.gep(data, [index]), vec.as_pointer())
-
-    @intrinsic
-    def alloc(typingctx):
-        def codegen(context, builder, sig, args):
-            return cgutils.alloca_once(builder, ir.FloatType(), size=ir.Constant(ir.IntType(64), width * count))
-        return types.CPointer(types.float32)(), codegen
-
-    @intrinsic
-    def zero(typingctx, block, q):
-        def codegen(context, builder, sig, args):
-            builder.store(ir.Constant(vec, None), slot(builder, *args), align=4)
-            return context.get_dummy_value()
-        return types.none(block, q), codegen
+    vec, slot, alloc, zero = _block(ir.FloatType(), types.float32, width, count)
 
     @intrinsic
     def fma(typingctx, block, q, x, w, i):
         def codegen(context, builder, sig, args):
             block_, q_, x_, w_, i_ = args
-            weights = builder.load(element(context, builder, sig.args[3], w_, i_), align=4)
+            weights = builder.load(_element(context, builder, sig.args[3], w_, i_, vec), align=4)
             splat = builder.insert_element(ir.Constant(vec, None), x_, ir.Constant(ir.IntType(32), 0))
             splat = builder.shuffle_vector(splat, ir.Constant(vec, None),
                                            ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width))
@@ -77,7 +89,7 @@ def vector_block(width: int, count: int):
         def codegen(context, builder, sig, args):
             block_, q_, y_, i_ = args
             builder.store(builder.load(slot(builder, block_, q_), align=4),
-                          element(context, builder, sig.args[2], y_, i_), align=4)
+                          _element(context, builder, sig.args[2], y_, i_, vec), align=4)
             return context.get_dummy_value()
         return types.none(block, q, y, i), codegen
 
@@ -85,7 +97,7 @@ def vector_block(width: int, count: int):
     def load(typingctx, block, q, y, i):
         def codegen(context, builder, sig, args):
             block_, q_, y_, i_ = args
-            builder.store(builder.load(element(context, builder, sig.args[2], y_, i_), align=4),
+            builder.store(builder.load(_element(context, builder, sig.args[2], y_, i_, vec), align=4),
                           slot(builder, block_, q_), align=4)
             return context.get_dummy_value()
         return types.none(block, q, y, i), codegen
@@ -107,31 +119,11 @@ def float64_sums(width: int, count: int):
 
     As for `vector_block`: ``q`` a constant after unrolling, indices not bounds-checked.
     """
-    vec = ir.VectorType(ir.DoubleType(), width)
+    vec, slot, alloc, zero = _block(ir.DoubleType(), types.float64, width, count)
     narrow = ir.VectorType(ir.FloatType(), width)
 
-    def slot(builder, block, q):
-        return builder.bitcast(builder.gep(block, [builder.mul(q, ir.Constant(q.type, width))]), vec.as_pointer())
-
-    def element(context, builder, array_type, array, index, vector_type):
-        data = context.make_array(array_type)(context, builder, array).data
-        return builder.bitcast(builder.gep(data, [index]), vector_type.as_pointer())
-
     def widened(context, builder, array_type, array, index):
-        return builder.fpext(builder.load(element(context, builder, array_type, array, index, narrow), align=4), vec)
-
-    @intrinsic
-    def alloc(typingctx):
-        def codegen(context, builder, sig, args):
-            return cgutils.alloca_once(builder, ir.DoubleType(), size=ir.Constant(ir.IntType(64), width * count))
-        return types.CPointer(types.float64)(), codegen
-
-    @intrinsic
-    def zero(typingctx, block, q):
-        def codegen(context, builder, sig, args):
-            builder.store(ir.Constant(vec, None), slot(builder, *args), align=8)
-            return context.get_dummy_value()
-        return types.none(block, q), codegen
+        return builder.fpext(builder.load(_element(context, builder, array_type, array, index, narrow), align=4), vec)
 
     @intrinsic
     def add(typingctx, block, q, a, i):
@@ -158,7 +150,7 @@ def float64_sums(width: int, count: int):
     def add_into(typingctx, block, q, out, i):
         def codegen(context, builder, sig, args):
             block_, q_, out_, i_ = args
-            target = element(context, builder, sig.args[2], out_, i_, vec)
+            target = _element(context, builder, sig.args[2], out_, i_, vec)
             total = builder.fadd(builder.load(target, align=8), builder.load(slot(builder, block_, q_), align=8))
             builder.store(total, target, align=8)
             return context.get_dummy_value()
