@@ -23,6 +23,7 @@ from cpu_ref import kernels as K
 from planner import arena_budget
 from planner.executor_api import ExecutorBase, FinishedStep, InputError, dropout_seed, step_result
 from planner.init import initial_parameters
+from planner.memory import lifetimes
 from planner.ops import Prim, activation_params
 from planner.plan import Role
 
@@ -236,14 +237,11 @@ def _find_chains(plan, graph, views) -> dict:
     output or disjoint from it, and either the residual or disjoint from it. Its `_Chain.mode` says how the
     epilogue reaches that output."""
     ops = plan.graphs[graph].ops
-    readers = {}
-    for op in ops:
-        for operand in op.reads:
-            readers[operand.tensor] = readers.get(operand.tensor, 0) + 1
+    touched = lifetimes(plan.graphs[graph])   # tensor -> (first, last) op index
     io = set(plan.io.values())
 
-    def only_input_of_next(tid, i):
-        return readers.get(tid) == 1 and tid not in io and i + 1 < len(ops) and ops[i + 1].direction == "forward"
+    def only_input_of_next(tid, i):   # written by op i, and no op but the next (a forward op) touches it
+        return touched.get(tid) == (i, i + 1) and tid not in io and ops[i + 1].direction == "forward"
 
     chains = {}
     for i, op in enumerate(ops):
