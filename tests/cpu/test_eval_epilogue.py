@@ -98,7 +98,17 @@ def test_an_epilogue_is_refused_where_the_algorithm_has_none():
 ZOO = [("resnet20", (16, 16, 3), 2), ("resnet18", (32, 32, 3), 2), ("resnet50", (32, 32, 3), 2),
        ("mobilenet_v2", (32, 32, 3), 2), ("vgg11_bn", (32, 32, 3), 2), ("mobilenet_v3_small", (32, 32, 3), 2),
        ("efficientnet_b0", (32, 32, 3), 2)]
-MODES = collections.Counter()   # how the chains of the models below reach their outputs, over the whole module
+
+
+def _zoo_plan(name, shape):
+    return Compiler(ArchPlan.from_blueprint(zoo.MODELS[name].build(), in_channels=shape[3])).compile(
+        {"train": shape, "eval": shape}, optimizer_state_slots=1)
+
+
+def _chains(ex, shape):
+    """The chains the executor runs in the eval graph at ``shape`` (found without running anything)."""
+    variant = ex._variant_for(shape, "eval")
+    return [c for c in ex._eval_chains(variant, "eval", ex._variant_views(variant)).values() if c is not None]
 
 
 @pytest.mark.parametrize("name, hwc, batch", ZOO, ids=[m[0] for m in ZOO])
@@ -106,8 +116,7 @@ MODES = collections.Counter()   # how the chains of the models below reach their
 def test_the_chains_leave_every_zoo_models_eval_results_unchanged(name, hwc, batch, separate):
     entry = zoo.MODELS[name]
     shape = (batch, *hwc)
-    plan = Compiler(ArchPlan.from_blueprint(entry.build(), in_channels=hwc[2])).compile(
-        {"train": shape, "eval": shape}, optimizer_state_slots=1)
+    plan = _zoo_plan(name, shape)
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(shape).astype(F32), rng.integers(0, entry.num_classes, batch)
     results = []
@@ -116,9 +125,7 @@ def test_the_chains_leave_every_zoo_models_eval_results_unchanged(name, hwc, bat
         ex.train_step(x, y, 0.0)       # running statistics away from (0, 1); the weights as initialised
         results.append((ex.forward(x), *ex.evaluate_batch(x, y)))
         if epilogues:
-            chains = [c for c in ex._chains[(ex._variant_for(shape, "eval"), "eval")].values() if c is not None]
-            assert chains, f"{name}: no convolution ran an epilogue"
-            MODES.update(c.mode for c in chains)
+            assert _chains(ex, shape), f"{name}: no convolution ran an epilogue"
     (logits, loss, correct, eval_logits), (want_logits, want_loss, want_correct, want_eval_logits) = results
     assert np.isfinite(want_logits).all()
     assert np.array_equal(logits, want_logits) and np.array_equal(eval_logits, want_eval_logits)
@@ -126,8 +133,10 @@ def test_the_chains_leave_every_zoo_models_eval_results_unchanged(name, hwc, bat
 
 
 def test_the_zoo_exercises_every_way_to_the_output():
-    """The test above saw chains of each mode (run after it: in file order, or alone, it computes them)."""
-    if not MODES:
-        for name, hwc, batch in ZOO:
-            test_the_chains_leave_every_zoo_models_eval_results_unchanged(name, hwc, batch, False)
-    assert set(MODES) == {"scratch", "in place", "copy"}, MODES
+    """In the arena, the models of the test above have chains of each way to the output, so that test checks each.
+    (Found here on its own: under pytest-xdist the test above may run in another process.)"""
+    modes = collections.Counter()
+    for name, hwc, batch in ZOO:
+        shape = (batch, *hwc)
+        modes.update(c.mode for c in _chains(CpuExecutor(_zoo_plan(name, shape)), shape))
+    assert set(modes) == {"scratch", "in place", "copy"}, modes
