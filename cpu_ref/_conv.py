@@ -10,7 +10,7 @@ Four algorithms, chosen from the shapes by a rule the plan records per layer (`p
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
 - direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow 3x3 (and
-  wider) layers: the forward of those with 8-32 output channels (64 with AVX-512), the input gradient
+  wider) layers: the forward of those with 8, 16 or 32 output channels (64 with AVX-512), the input gradient
   of those with as many input channels, the weight gradient where the input gradient is direct too
   (or not wanted: otherwise one GEMM pass does both).
 

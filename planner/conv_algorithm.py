@@ -6,7 +6,7 @@ every run (and on every machine of the same vector width: the rule reads it, see
 - ``depthwise`` (groups == Cin == Cout): a direct loop vectorised over channels.
 - ``pointwise`` (1x1, stride 1, pad 0, groups 1): the input is the GEMM's matrix; no workspace.
 - ``direct`` (`cpu_ref._conv_direct`): register-blocked NHWC loops for narrow 3x3 (and wider) layers,
-  with 8 to 32 channels in the vector lanes (output channels for the forward and the weight gradient,
+  with 8, 16 or 32 channels (64 with AVX-512) in the vector lanes (output channels for the forward and the weight gradient,
   input channels for the input gradient); no workspace.
 - ``gemm``: im2col + BLAS, the wide layers. Its backward computes the weight gradient in the same pass
   as the input gradient, so a layer whose input gradient is ``gemm`` takes its weight gradient there too.
@@ -71,8 +71,12 @@ def block_floats(channels: int, registers: int) -> int:
 
 
 def _narrow(channels: int, registers: int) -> bool:
-    """Channels that fill whole 8-float vectors and leave room for ``MIN_BLOCK_PIXELS`` of them per block."""
-    return channels % 8 == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(channels, registers)
+    """Channels that fill a power-of-two number of whole 8-float vectors, and leave room for ``MIN_BLOCK_PIXELS``
+    of them per block. The kernels hold a pixel's channels as one vector of ``channels`` floats, which LLVM splits
+    well only at a power of two: at 24, 40, 48 and 56 channels the direct forward ran 3.4-3.7x slower than im2col +
+    GEMM and the backward 3.1-4.8x (2 threads, AVX-512; at 24 with AVX2, 5.3x and 5.0x)."""
+    return channels >= 8 and channels & (channels - 1) == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(
+        channels, registers)
 
 
 def _folded(cin: int, cout: int, registers: int) -> bool:
@@ -95,11 +99,11 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     """The algorithms for a convolution of OHWI weight ``w_shape`` (``Cin`` per group last) on a target with
     ``registers`` vector registers.
 
-    Direct forward: 8-32 output channels, 8-64 with 32 registers (resnet20's 16->16 and 32->32 stride-1
+    Direct forward: 8, 16 or 32 output channels, and 64 with 32 registers (resnet20's 16->16 and 32->32 stride-1
     layers, at one thread, ran 1.1-1.4x faster than im2col + GEMM; the stem and strided layers too; with
     AVX-512, 64->64 and 32->64 too). Direct input gradient: as many input channels (im2col + GEMM spends
     most of it in col2im's scatter of a ``KH*KW`` times larger patch gradient). Direct weight gradient:
-    as many output channels, and either the input gradient direct too (input channels in whole 8s) or fewer
+    as many output channels, and either the input gradient direct too or fewer
     than ``FEW_INPUT_CHANNELS`` input channels and at most 16 output channels (32 with 32 registers), as the
     stems have (`_folded`). A stem's input gradient is not wanted; where a layer's is and runs by GEMM, that
     pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`).

@@ -66,6 +66,9 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     ((64, 3, 3, 32), 2, 1, 1, ("gemm", "direct", "gemm")),       # one pixel (input channel) per block: GEMM
     ((32, 3, 3, 64), 1, 1, 1, ("direct", "gemm", "gemm")),       # dW goes with a GEMM dx
     ((12, 3, 3, 8), 1, 1, 1, ("gemm", "direct", "gemm")),        # not whole 8-float vectors
+    ((24, 3, 3, 24), 1, 1, 1, ("gemm", "gemm", "gemm")),         # whole vectors, but not a power of two of them
+    ((24, 3, 3, 16), 2, 1, 1, ("gemm", "direct", "gemm")),
+    ((16, 3, 3, 24), 1, 1, 1, ("direct", "gemm", "gemm")),
     ((32, 1, 1, 16), 2, 0, 1, ("gemm", "gemm", "gemm")),         # 1x1 strided: no window to walk
     ((32, 1, 1, 16), 1, 0, 1, ("pointwise",) * 3),
     ((16, 3, 3, 1), 1, 1, 16, ("depthwise",) * 3),
@@ -80,6 +83,8 @@ def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorith
     ((64, 3, 3, 32), 2, ("direct", "direct", "direct")),
     ((16, 3, 3, 16), 1, ("direct", "direct", "direct")),
     ((128, 3, 3, 64), 1, ("gemm", "direct", "gemm")),     # 128 channels: one pixel per block
+    ((48, 3, 3, 48), 1, ("gemm", "gemm", "gemm")),        # 48 or 40 channels: not a power of two of vectors
+    ((40, 3, 3, 64), 2, ("gemm", "direct", "gemm")),
     ((64, 1, 1, 64), 2, ("gemm", "gemm", "gemm")),
     ((64, 7, 7, 3), 2, ("direct", "gemm", "gemm")),       # resnet50's stem: 2 pairs per dW block, GEMM
     ((32, 3, 3, 3), 1, ("direct", "gemm", "direct")),     # 4 pairs per dW block: folded
