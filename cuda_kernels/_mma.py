@@ -34,9 +34,7 @@ the address ``&src[row]`` plus ``plus`` elements added in 64 bits (``row`` fixed
 
 ``shared_address(smem, byte_offset) -> uint32``: the 32-bit shared-window address (``cvta.to.shared``).
 
-``pack_half2(lo, hi) -> uint32`` (two fp16 in one b32, ``lo`` in bits 0-15) and
-``st_shared_v4(smem, byte_offset, r0, r1, r2, r3)`` (``st.shared.v4.b32``: 16 bytes, 16-byte
-aligned): a synchronous 16-byte chunk for operands whose rows are not 16-byte aligned.
+``pack_half2(lo, hi) -> uint32``: two fp16 in one b32, ``lo`` in bits 0-15.
 
 ``st_shared_b32(smem, byte_offset, r)`` (``st.shared.b32``, 4-byte aligned) and ``ld_shared_v4(smem, byte_offset) -> (r0..r3)``
 (``ld.shared.v4.b32``, 16-byte aligned): the epilogues stage an fp16 tile through shared memory as fp16 pairs and
@@ -169,17 +167,6 @@ def _pack_half2(typingctx, lo, hi):
         high = builder.zext(builder.bitcast(args[1], i16), _I32)
         return builder.or_(low, builder.shl(high, ir.Constant(_I32, 16)))
     return nbt.uint32(nbt.float16, nbt.float16), codegen
-
-
-@intrinsic
-def _st_shared_v4(typingctx, smem, byte_offset, r0, r1, r2, r3):
-    sig = nbt.void(smem, nbt.int32, nbt.uint32, nbt.uint32, nbt.uint32, nbt.uint32)
-
-    def codegen(context, builder, sig, args):
-        address = _shared_window_of(context, builder, sig.args[0], args[0], args[1])
-        _asm(builder, [], [address] + list(args[2:]), "st.shared.v4.b32 [$0], {$1,$2,$3,$4};", "r,r,r,r,r,~{memory}")
-        return context.get_dummy_value()
-    return sig, codegen
 
 
 @intrinsic
@@ -407,10 +394,10 @@ if SIMULATOR:
     from ._mma_twins import (cp_async_16, cp_async_commit, cp_async_wait, ld_global_v4,  # noqa: F401
                              ld_global_v4 as ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16,
                              ld_shared_v4, pack_half2_device as pack_half2, st_global_v4, st_shared_b32,
-                             st_shared_v4, unpack_half2_device as unpack_half2, red_add_v4, swap_pair)
+                             unpack_half2_device as unpack_half2, red_add_v4, swap_pair)
 else:
     red_add_v4, swap_pair = _red_add_v4, _swap_pair
-    pack_half2, st_shared_v4 = _pack_half2, _st_shared_v4
+    pack_half2 = _pack_half2
     st_shared_b32, ld_shared_v4 = _st_shared_b32, _ld_shared_v4
     ld_global_v4, ld_global_nc_v4 = _make_ld_global_v4(LD_GLOBAL_V4_PTX), _make_ld_global_v4(LD_GLOBAL_NC_V4_PTX)
     st_global_v4, unpack_half2 = _st_global_v4, _unpack_half2

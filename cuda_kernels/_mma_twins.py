@@ -216,14 +216,6 @@ def st_global_v4(array, index, r0, r1, r2, r3):
 
 
 @cuda.jit(device=True)
-def st_shared_v4(smem, byte_offset, r0, r1, r2, r3):
-    """Twin of ``st.shared.v4.b32`` (16-byte aligned)."""
-    if byte_offset % 16:
-        raise ValueError(f"st.shared.v4: byte offset {byte_offset} is not 16-byte aligned")
-    smem.view(np.uint32)[byte_offset // 4:byte_offset // 4 + 4] = (r0, r1, r2, r3)
-
-
-@cuda.jit(device=True)
 def st_shared_b32(smem, byte_offset, r):
     """Twin of ``st.shared.b32`` (4-byte aligned)."""
     if byte_offset % 4:

@@ -29,13 +29,13 @@ gradients (``Role.SAVED``, ``RECOMPUTE``, ``GRAD``) and of their inputs' gradien
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.executor_api import dropout_seed
 from planner.ops import OPS, Prim, activation_params
 from planner.plan import GRADIENT_ROLES, INPUT_ROLES, PARAM_GRADIENT, Role
 
-from . import batchnorm, channel_mul, drop_path, elementwise, loss, optim, padded_stem, pool, prelu
+from . import batchnorm, channel_mul, drop_path, elementwise, loss, optim, padded_conv, pool, prelu
 from .collective import SINGLE_REPLICA
 from .mma_ops import DEFAULT_KERNELS, gemm_kernels
 from ._table import CUDA
@@ -73,7 +73,8 @@ class StepContext:
     optimizer: object
     kernels: str = DEFAULT_KERNELS   # GEMM family of conv / fc layers: "mma" (tensor cores) or "simt"
     collectives: object = SINGLE_REPLICA   # data parallel: the gradient and overflow all-reduces (collective)
-    padded_stems: tuple = ()   # (master weight, fp16 copy with the input's padded channels) of each stem (padded_stem)
+    padded_weights: tuple = ()   # (master weight, fp16 copy padded to 8k channels) of each padded conv (padded_conv)
+    padded: dict = field(default_factory=dict)   # conv weight tensor id -> that copy ("mma"; "simt": none)
 
     def __post_init__(self):
         self.gemm = gemm_kernels(self.kernels)
@@ -109,6 +110,12 @@ class _OpView:
         if tid is None:
             return None
         return self.ctx.half[tid] if half else self.ctx.views[tid]
+
+    def padded_conv(self, position):
+        """``(weight copy padded to 8k channels, input workspace or None for a stem on the padded input slot)`` of
+        a convolution run on its zero-padded input (``padded_conv``), else None."""
+        padded = self.ctx.padded.get(self.op.read(Role.WEIGHT, self.at(position)))
+        return None if padded is None else (padded, self.written(Role.X_PADDED, self.at(position)))
 
 
 def _batchnorm_gates(ov):
@@ -185,9 +192,12 @@ def _fuse_into_batchnorm(ov, steps, i, keep):
 # ---- per-primitive forward launches: (launcher, op view, step, mode) ----------------------------------------
 @CUDA.implements(Prim.CONV, "forward")
 def _conv_forward(launcher, ov, step, mode):
-    prim = step.prim
-    ov.ctx.gemm.conv2d_forward(launcher, step.inputs[0], ov.param(step.position, Role.WEIGHT, half=True), step.out,
-                               prim.param("stride"), prim.param("padding"), prim.param("groups"), bn_sums=step.bn_sums)
+    prim, padded = step.prim, ov.padded_conv(step.position)
+    x, w = step.inputs[0], ov.param(step.position, Role.WEIGHT, half=True)
+    if padded is not None:
+        x, w = padded_conv.padded_forward_operands(launcher, x, *padded)
+    ov.ctx.gemm.conv2d_forward(launcher, x, w, step.out, prim.param("stride"), prim.param("padding"),
+                               prim.param("groups"), bn_sums=step.bn_sums)
 
 
 @CUDA.implements(BATCHNORM, "forward")
@@ -330,13 +340,13 @@ def record_optimizer(launcher, ctx, op):
     ctx.collectives.overflow(launcher, s["overflow"])   # every replica skips the same steps
     update(launcher, ctx.optimizer, s, r)
     optim.finish_step(launcher, s["overflow"], s["loss_scale"], s["good_steps"], s["step"], s["iteration"])
-    cast_half_weights(launcher, r["params"], r["weights16"], ctx.padded_stems)
+    cast_half_weights(launcher, r["params"], r["weights16"], ctx.padded_weights)
 
 
-def cast_half_weights(launcher, params, weights16, padded_stems):
-    """The fp16 weight copies: element for element, and the stems' padded copies in the same launch."""
-    if padded_stems:
-        padded_stem.cast_with_padded_stems(launcher, params, weights16, padded_stems)
+def cast_half_weights(launcher, params, weights16, padded_weights):
+    """The fp16 weight copies: element for element, and the padded copies (``padded_conv``) with them."""
+    if padded_weights:
+        padded_conv.cast_with_padded_weights(launcher, params, weights16, padded_weights)
     else:
         elementwise.cast_f32_to_f16(launcher, params, weights16)
 
@@ -543,9 +553,12 @@ def _channel_mul_backward(launcher, ov, grads, values, position, prim, dy):
 @CUDA.implements(Prim.CONV, "backward")
 def _conv_backward(launcher, ov, grads, values, position, prim, dy):
     dx, accumulate = grads.target(prim.inputs[0], Role.DX)
-    ov.ctx.gemm.conv2d_backward(launcher, values[prim.inputs[0]], ov.param(position, Role.WEIGHT, half=True), dy,
-                                dx, _dparam(ov, position, Role.WEIGHT), prim.param("stride"), prim.param("padding"),
-                                prim.param("groups"), accumulate)
+    x, w, dw = values[prim.inputs[0]], ov.param(position, Role.WEIGHT, half=True), _dparam(ov, position, Role.WEIGHT)
+    stride, pad, padded = prim.param("stride"), prim.param("padding"), ov.padded_conv(position)
+    if padded is not None:
+        padded_conv.conv2d_backward(launcher, x, w, *padded, dy, dx, dw, stride, pad, accumulate)
+        return
+    ov.ctx.gemm.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, prim.param("groups"), accumulate)
 
 
 @CUDA.implements(Prim.FC, "backward")

@@ -113,13 +113,14 @@ class CudaExecutor(ExecutorBase):
         self._scalars = {name: self._persistent[tid] for name, tid in plan.io.items()
                          if plan.tensor(tid).region == "scalars"}
         self._half = {p.tensor: self._persistent[p.half] for p in plan.params if p.half >= 0}
-        # the stem on the aligned tensor-core path (``padded_stem``): it reads the input slot padded with zero
-        # channels (written by the step's first kernel from the uploaded batch, ``_uploaded_as``) and the weight
-        # copy padded to match (the SIMT kernels take neither)
-        self._padded_stems = tuple((self._persistent[p.tensor], self._persistent[p.half_padded])
-                                   for p in plan.params if p.half_padded >= 0 and kernels == "mma")
-        self._half.update({p.tensor: self._persistent[p.half_padded] for p in plan.params
-                           if p.half_padded >= 0 and kernels == "mma"})
+        # convolutions with Cin % 8 != 0 on the aligned tensor-core path (``padded_conv``): a weight copy padded
+        # with zero channels, and the input padded to match (a stem: the input slot, written by the step's first
+        # kernel from the uploaded batch, ``_uploaded_as``); the SIMT kernels take neither
+        mma = kernels == "mma"
+        self._padded_weights = tuple((self._persistent[p.tensor], self._persistent[p.half_padded])
+                                     for p in plan.params if p.half_padded >= 0 and mma)
+        self._padded = {p.tensor: self._persistent[p.half_padded] for p in plan.params if p.half_padded >= 0 and mma}
+        self._input_padded = mma and "input_unpadded" in plan.io
         self._views: dict[str, dict[int, object]] = {}
         self._runners: dict[tuple[str, str], StepRunner] = {}
         self._staging: dict[tuple[str, str], Staging] = {}
@@ -155,7 +156,7 @@ class CudaExecutor(ExecutorBase):
                     views[t.id] = self._view(t, t.shape_in(variant))
             # The plan pads the input slot's channels to a multiple of 8; where no stem reads it padded (the
             # SIMT kernels, or a reader that is not a convolution), the batch is stored with its real channels.
-            if not self._padded_stems:
+            if not self._input_padded:
                 t = plan.tensor(plan.io["input"])
                 views[t.id] = self._view(t, t.shape_in(variant)[:3] + (plan.arch.in_channels,))
             self._views[variant] = views
@@ -211,7 +212,7 @@ class CudaExecutor(ExecutorBase):
 
     def _refresh_half_weights(self):
         cast_half_weights(Immediate(self.stream), self._regions["params"], self._regions["weights16"],
-                          self._padded_stems)
+                          self._padded_weights)
         self._half_dirty = False
 
     # ---- steps -----------------------------------------------------------------------------------------
@@ -219,7 +220,7 @@ class CudaExecutor(ExecutorBase):
         """The plan.io slot the host's ``name`` is uploaded into: the input of a padded stem goes to its real-channel
         slot ``input_unpadded`` (a third of the bytes for RGB), which the step's first kernel writes into the padded
         ``input`` slot, zeros in the padded channels; every other input goes straight to its slot."""
-        return "input_unpadded" if name == "input" and self._padded_stems else name
+        return "input_unpadded" if name == "input" and self._input_padded else name
 
     def _runner(self, variant, purpose):
         """The recorded step of ``variant``: "train", "eval" (forward + loss) or "forward"."""
@@ -227,7 +228,8 @@ class CudaExecutor(ExecutorBase):
         if key not in self._runners:
             views = self._variant_views(variant)
             ctx = StepContext(self.plan, views, self._half, self._scalars, self._regions, self.seed,
-                              self.loss.smoothing, self.optimizer, self.kernels, self.collectives, self._padded_stems)
+                              self.loss.smoothing, self.optimizer, self.kernels, self.collectives,
+                              self._padded_weights, self._padded)
             uploaded = {name: views[self.plan.io[self._uploaded_as(name)]] for name in STEP_INPUTS[purpose]}
             staging = Staging(uploaded, {name: views[self.plan.io[name]] for name in STEP_OUTPUTS[purpose]})
 

@@ -1,7 +1,7 @@
 """Tensor-core implicit-GEMM convolution forward (NHWC fp16, weights OHWI, fp32 accumulation).
 
 ``y[pixel, n] = sum_k patch(x)[pixel, k] * w[n, k]`` with ``k = (kh, kw, ci)``, ``groups == 1``
-and ``Cin % 8 == 0`` (the planner pads channels to 8): a 16-byte chunk of ``k`` is 8 channels of
+and ``Cin % 8 == 0`` (under AMP the planner pads a convolution's channels to 8k, ``padded_conv``): a 16-byte chunk of ``k`` is 8 channels of
 one tap, one ``cp.async`` (zero-filled in the padding). Each thread stages fixed rows of the
 A tile (output pixels) and of the B tile (filters): their pixel origins are computed once
 per block, and the tap / channel of its chunk column advances by ``BK`` per k-tile with
@@ -21,13 +21,12 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_from, opaque_i32, pack_half2, st_shared_v4
+from ._mma import cp_async_16_from, opaque_i32
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, kc_offset, make_pipeline, make_staged_store,
                          mma_kernel, staged_barrier, pipeline_bytes, shared_array_words, stage_layout)
 from .registry import F1, H1, ZERO, flat, nbt
 
 f16, f32, i32, u32 = nbt.float16, nbt.float32, nbt.int32, nbt.uint32
-_FAR = -(1 << 24)   # an origin row that makes every tap of a padding pixel invalid
 MAX_TAPS = 15       # filter rows / columns the tensor-core forward takes: a row's valid taps are bits of one uint32
 
 
@@ -46,24 +45,12 @@ def tap_of(k, c_in, kw_):
 
 
 @cuda.jit(device=True)
-def step_tap(ci, kx, ky, off, step, deltas, c_in, kw_):
-    """``(ci, kx, ky)`` moved on by the reduction step whose own ``tap_of`` is ``step``: adds and two
-    wrap-arounds, no division and no loop (``kx + step kx + 1 < 2 kw_``, so one wrap of ``kx`` suffices);
-    ``off``, an offset linear in the tap, moves with it: ``deltas[0]`` per step, ``deltas[1]`` more where ``ci``
-    wraps, ``deltas[2]`` where ``kx`` wraps (the forward's ``(ky W + kx) c_in + ci``: 0 and ``(W - kw_) c_in``)."""
-    ci, kx, ky, off = i32(ci + step[0]), i32(kx + step[1]), i32(ky + step[2]), i32(off + deltas[0])
-    if ci >= c_in:
-        ci, kx, off = i32(ci - c_in), i32(kx + 1), i32(off + deltas[1])
-    if kx >= kw_:
-        kx, ky, off = i32(kx - kw_), i32(ky + 1), i32(off + deltas[2])
-    return ci, kx, ky, off
-
-
-@cuda.jit(device=True)
 def step_tap_bits(ci, bx, by, offs, step, deltas, c_in, kw_, kw_bit, shifts):
-    """``step_tap`` on a tap held as bits: ``bx = 1 << kx``, ``by = 1 << (16 + ky)`` (shifts instead of adds; the
-    main loop then tests a tap against a row's valid taps with one ``and``), moving two offsets linear in the tap,
-    ``offs``, by ``deltas`` (one triple each). ``bx`` reaches at most bit ``2 kw_ - 1`` before its wrap; ``by`` runs
+    """``(ci, kx, ky)`` moved on by the reduction step whose own ``tap_of`` is ``step``, with the tap held as bits:
+    ``bx = 1 << kx``, ``by = 1 << (16 + ky)`` (shifts and two wrap-arounds, no division and no loop: ``kx + step kx
+    + 1 < 2 kw_``; the main loop then tests a tap against a row's valid taps with one ``and``), moving two offsets
+    linear in the tap, ``offs``, by ``deltas`` (one triple each: per step, more where ``ci`` wraps, more where ``kx``
+    wraps; the forward's ``(ky W + kx) c_in + ci``: 0 and ``(W - kw_) c_in``). ``bx`` reaches at most bit ``2 kw_ - 1`` before its wrap; ``by`` runs
     off its word only past the end of the reduction, where the caller's check of its end replaces the tap.
     ``kw_bit`` and ``shifts``: ``tap_step_constants(step, kw_)``."""
     wrap = ci >= i32(c_in - step[0])
@@ -89,11 +76,6 @@ def tap_step_constants(step, kw_):
 
 
 @cuda.jit(device=True)
-def tap_as_is(kx, ky):
-    return kx, ky
-
-
-@cuda.jit(device=True)
 def tap_as_bits(kx, ky):
     """``(1 << kx, 1 << (16 + ky))``: the tap as ``step_tap_bits`` holds it."""
     return u32(u32(1) << u32(kx)), u32(u32(1 << 16) << u32(ky))
@@ -102,32 +84,8 @@ def tap_as_bits(kx, ky):
 EPILOGUES = ("plain", "bn_stats", "bias")
 
 
-@cuda.jit(device=True)
-def store_chunk(smem, byte_offset, v):
-    st_shared_v4(smem, byte_offset, pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
-                 pack_half2(v[6], v[7]))
-
-
-@cuda.jit(device=True)
-def patch_chunk(x, v, base, hh0, ww0, k, ci, kx, ky, geo):
-    """``v[:] =`` 8 consecutive k of one output pixel's patch, for any channel count (stems)."""
-    gemm_k, h_, w_, c_in, kw_ = geo[2], geo[4], geo[5], geo[6], geo[11]
-    for j in range(CHUNK):
-        hh, ww = hh0 + ky, ww0 + kx
-        valid = k + j < gemm_k and 0 <= hh < h_ and 0 <= ww < w_
-        v[j] = x[base + (ky * w_ + kx) * c_in + ci] if valid else f16(ZERO)
-        ci += 1
-        if ci == c_in:
-            ci = 0
-            kx += 1
-            if kx == kw_:
-                kx = 0
-                ky += 1
-
-
-def make_conv_forward(tile, epilogue, any_channels=False):
-    """The forward kernel of ``tile``; ``any_channels``: rows of x and w need not be 16-byte aligned
-    (Cin % 8 != 0: the 3-channel stem), staged by 8 scalar loads and one ``st.shared.v4`` per chunk."""
+def make_conv_forward(tile, epilogue):
+    """The forward kernel of ``tile`` (``Cin % 8 == 0``: 16-byte rows of x and w)."""
     bn_stats, bias = epilogue == "bn_stats", epilogue == "bias"
     T, BM, BN = tile.threads, tile.bm, tile.bn
     ROWS_PER_PASS = T // (BK // CHUNK)
@@ -142,55 +100,39 @@ def make_conv_forward(tile, epilogue, any_channels=False):
                          f"memory, the pipeline has {SMEM_WORDS}")
 
     @cuda.jit(device=True)
-    def issue(smem, window, x, w, stage, k, ci, tap_x, tap_y, off, a_base, a_h, a_w, a_miss, b_src, dst, geo):
-        """Stage the k-tile of this thread's chunk column at ``k`` (tap ``(ci, tap_x, tap_y)``: ``kx, ky`` with
-        ``any_channels``, else the bits ``1 << kx`` and ``1 << (16 + ky)`` of ``tap_bits``; ``off``: the tap's
-        offset in x) into ``stage``."""
+    def issue(smem, window, x, w, stage, k, tap_x, tap_y, off, a_base, a_miss, b_src, dst, geo):
+        """Stage the k-tile of this thread's chunk column at ``k`` (tap: the bits ``1 << kx`` and ``1 << (16 + ky)``
+        of ``tap_as_bits``; ``off``: the tap's offset in x) into ``stage``."""
         row0 = i32(cuda.threadIdx.x) >> 2
-        v = cuda.local.array(CHUNK, nbt.float16)
         # this thread's chunk in row i of the stage: rows ROWS_PER_PASS apart share their swizzle (a multiple of 8)
         a_dst, b_dst = i32(dst + stage * A_STAGE), i32(dst + B_BASE + stage * B_STAGE)
         gemm_k = geo[2]
-        if not any_channels:   # LLVM would hold the tap offset as 64 bits at the loop's head and add it to each
-            off = opaque_i32(off)   # row pointer in two instructions, not one IMAD.WIDE (128x16: 4.12 -> 3.94)
+        # LLVM would hold the tap offset as 64 bits at the loop's head and add it to each row pointer in two
+        off = opaque_i32(off)   # instructions, not one IMAD.WIDE (128x16: 4.12 -> 3.94)
         k_ok = k < gemm_k
         # past the end of the reduction bit 15, which no row's taps hold (kh, kw <= MAX_TAPS): the copies zero-fill
         q = u32(tap_x | tap_y) if k_ok else u32(1 << MAX_TAPS)
         for i in range(A_LOADS):
             if A_LOADS * ROWS_PER_PASS == BM or row0 + i * ROWS_PER_PASS < BM:   # where a pass overhangs the tile
-                if any_channels:
-                    patch_chunk(x, v, a_base[i], a_h[i], a_w[i], k, ci, tap_x, tap_y, geo)
-                    store_chunk(smem, i32(a_dst + i * ROWS_PER_PASS * BK * 2), v)
-                else:   # the tap lands inside the image where both its bits are among the row's; the row's
-                    # address computed once, each copy's one IMAD.WIDE of the tap's offset
-                    cp_async_16_from(smem, window, i32(a_dst + i * ROWS_PER_PASS * BK * 2), x, a_base[i], off,
-                                     u32(q & a_miss[i]) == u32(0))
+                # the tap lands inside the image where both its bits are among the row's; the row's address
+                # computed once, each copy's one IMAD.WIDE of the tap's offset
+                cp_async_16_from(smem, window, i32(a_dst + i * ROWS_PER_PASS * BK * 2), x, a_base[i], off,
+                                 u32(q & a_miss[i]) == u32(0))
         # B rows past N read row N - 1 (their columns are never stored): one check for every row
         for i in range(B_LOADS):
             if B_LOADS * ROWS_PER_PASS == BN or row0 + i * ROWS_PER_PASS < BN:
-                if any_channels:
-                    for j in range(CHUNK):
-                        v[j] = w[b_src[i] + k + j] if k + j < gemm_k else f16(ZERO)
-                    store_chunk(smem, i32(b_dst + i * ROWS_PER_PASS * BK * 2), v)
-                else:
-                    cp_async_16_from(smem, window, i32(b_dst + i * ROWS_PER_PASS * BK * 2), w, b_src[i], k, k_ok)
+                cp_async_16_from(smem, window, i32(b_dst + i * ROWS_PER_PASS * BK * 2), w, b_src[i], k, k_ok)
 
     @cuda.jit(device=True)
     def issue_next(smem, window, stage, operands, state):
-        x, w, a_base, a_h, a_w, a_miss, b_src, dst, geo, step, deltas, kw_bit, shifts = operands
+        x, w, a_base, a_miss, b_src, dst, geo, step, deltas, kw_bit, shifts = operands
         k, ci, tap_x, tap_y, off = state
-        issue(smem, window, x, w, stage, k, ci, tap_x, tap_y, off, a_base, a_h, a_w, a_miss, b_src, dst, geo)
-        if any_channels:
-            ci, tap_x, tap_y, off = step_tap(ci, tap_x, tap_y, off, step, deltas, geo[6], geo[11])
-        else:
-            ci, tap_x, tap_y, offs = step_tap_bits(ci, tap_x, tap_y, (off, i32(0)), step,
-                                                   (deltas, (i32(0), i32(0), i32(0))), geo[6], geo[11],
-                                                   kw_bit, shifts)
-            off = offs[0]
-        return i32(k + BK), ci, tap_x, tap_y, off
+        issue(smem, window, x, w, stage, k, tap_x, tap_y, off, a_base, a_miss, b_src, dst, geo)
+        ci, tap_x, tap_y, offs = step_tap_bits(ci, tap_x, tap_y, (off, i32(0)), step,
+                                               (deltas, (i32(0), i32(0), i32(0))), geo[6], geo[11], kw_bit, shifts)
+        return i32(k + BK), ci, tap_x, tap_y, offs[0]
 
-    main_loop = make_pipeline(tile, a_trans=False, b_trans=False, issue_next=issue_next, fold_window=not any_channels)
-    tap_start = tap_as_is if any_channels else tap_as_bits
+    main_loop = make_pipeline(tile, a_trans=False, b_trans=False, issue_next=issue_next, fold_window=True)
     stage_pair, store_staged = make_staged_store(tile, a_trans=False, b_trans=False)
 
     @cuda.jit(device=True)
@@ -205,8 +147,6 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         smem = cuda.shared.array(SMEM_ARRAY, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
         a_base = cuda.local.array(A_LOADS, nbt.int32)
-        a_h = cuda.local.array(A_LOADS, nbt.int32)
-        a_w = cuda.local.array(A_LOADS, nbt.int32)
         a_miss = cuda.local.array(A_LOADS, nbt.uint32)
         b_src = cuda.local.array(B_LOADS, nbt.int32)
         gemm_m, gemm_n, gemm_k, h_, w_, c_in = geo[0], geo[1], geo[2], geo[4], geo[5], geo[6]
@@ -220,13 +160,13 @@ def make_conv_forward(tile, epilogue, any_channels=False):
             if m < gemm_m:
                 ow, t = m % ow_, m // ow_
                 oh, b = t % oh_, t // oh_
-                a_h[i], a_w[i] = oh * s - p, ow * s - p
-                a_base[i] = ((b * h_ + a_h[i]) * w_ + a_w[i]) * c_in
+                a_h, a_w = oh * s - p, ow * s - p
+                a_base[i] = ((b * h_ + a_h) * w_ + a_w) * c_in
                 # the taps that land inside the image: 0 <= a_h + ky < h, 0 <= a_w + kx < w
-                a_miss[i] = ~u32(bits_between(i32(-a_w[i]), i32(w_ - a_w[i]), kw_)
-                                 | u32(bits_between(i32(-a_h[i]), i32(h_ - a_h[i]), kh_) << u32(16)))
+                a_miss[i] = ~u32(bits_between(i32(-a_w), i32(w_ - a_w), kw_)
+                                 | u32(bits_between(i32(-a_h), i32(h_ - a_h), kh_) << u32(16)))
             else:
-                a_h[i], a_w[i], a_base[i], a_miss[i] = i32(_FAR), i32(_FAR), i32(0), ~u32(0)
+                a_base[i], a_miss[i] = i32(0), ~u32(0)
         for i in range(B_LOADS):   # this thread's filter rows (past N: row N - 1, never stored)
             b_src[i] = i32(min(i32(n0 + (tid >> 2) + i * ROWS_PER_PASS), i32(gemm_n - 1)) * gemm_k)
         k = i32((tid & 3) * CHUNK)
@@ -234,12 +174,10 @@ def make_conv_forward(tile, epilogue, any_channels=False):
         step = tap_of(i32(BK), c_in, kw_)
         deltas = (i32(i32(i32(step[2] * w_) + step[1]) * c_in) + step[0], i32(0), i32(i32(w_ - kw_) * c_in))
         tiles = (gemm_k + BK - 1) // BK
-        tap_x, tap_y = tap_start(kx, ky)
+        tap_x, tap_y = tap_as_bits(kx, ky)
         dst = kc_offset(i32(tid >> 2), i32(tid & 3))
-        kw_bit, shifts = u32(0), (step[1], step[1], step[2], step[2])   # any_channels: step_tap takes neither
-        if not any_channels:
-            kw_bit, shifts = tap_step_constants(step, kw_)
-        main_loop(smem, tiles, (x, w, a_base, a_h, a_w, a_miss, b_src, dst, geo, step, deltas, kw_bit, shifts),
+        kw_bit, shifts = tap_step_constants(step, kw_)
+        main_loop(smem, tiles, (x, w, a_base, a_miss, b_src, dst, geo, step, deltas, kw_bit, shifts),
                   (k, ci, tap_x, tap_y, i32(i32(i32(ky * w_) + kx) * c_in) + ci), warp_m, warp_n, acc)
         cuda.syncthreads()   # the pipeline's shared memory is free: stage the fp16 tile there
         for ni in range(NI):
@@ -292,30 +230,26 @@ def make_conv_forward(tile, epilogue, any_channels=False):
     return conv2d_forward, (H1, H1, H1, CONV_GEOMETRY)
 
 
-def _declare(tile, epilogue, any_channels=False):
-    pyfunc, signature = make_conv_forward(tile, epilogue, any_channels)
+def _declare(tile, epilogue):
+    pyfunc, signature = make_conv_forward(tile, epilogue)
     name = {"plain": "conv2d_forward", "bn_stats": "conv2d_forward_bn_stats", "bias": "linear_forward_bias"}[epilogue]
-    return mma_kernel(f"mma_{name}{'_any_channels' if any_channels else ''}_{tile.name}", signature,
-                      pipeline_bytes(tile, a_trans=False, b_trans=False))(pyfunc)
+    return mma_kernel(f"mma_{name}_{tile.name}", signature, pipeline_bytes(tile, a_trans=False, b_trans=False))(pyfunc)
 
 
 FORWARD = {(tile, epilogue): _declare(tile, epilogue) for tile in TILES for epilogue in EPILOGUES}
-# stems (3 input channels): a block tile of 64 filters suffices (their Cout is 64 or less in the zoo); at most 4
-# pixel rows staged per thread (the narrow tiles stage 8 or 16: ptxas then puts the scalar chunk on the stack)
-STEM_TILES = tuple(t for t in TILES if t.bn <= 64 and t.bm * (BK // CHUNK) <= 4 * t.threads)
-FORWARD_ANY_CHANNELS = {(tile, epilogue): _declare(tile, epilogue, any_channels=True)
-                        for tile in STEM_TILES for epilogue in ("plain", "bn_stats")}
 
 
 def mma_supported(x_shape, w_shape, groups):
-    """Whether the tensor-core forward takes this convolution (else the SIMT one does)."""
-    return groups == 1 and w_shape[-1] == x_shape[-1] and max(w_shape[1], w_shape[2]) <= MAX_TAPS
+    """Whether the tensor-core forward takes this convolution (else the SIMT one does): groups 1, ``Cin % 8 == 0``
+    (under AMP the planner pads other groups-1 convolutions to 8k channels, ``padded_conv``), at most ``MAX_TAPS``
+    filter rows and columns."""
+    return (groups == 1 and w_shape[-1] == x_shape[-1] and w_shape[-1] % CHUNK == 0
+            and max(w_shape[1], w_shape[2]) <= MAX_TAPS)
 
 
 def forward_tile(w_shape, y_size, tiles=None):
     """The block tile ``choose_tile`` gives the forward of weights ``w_shape`` into ``y_size`` outputs."""
-    c_out, _, _, c_in = w_shape
-    return choose_tile(y_size // c_out, c_out, tiles or (None if c_in % CHUNK == 0 else STEM_TILES))
+    return choose_tile(y_size // w_shape[0], w_shape[0], tiles)
 
 
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=None):
@@ -327,13 +261,11 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None, tile=No
     c_out, kh, kw, c_in = w.shape
     pixels = y.size // c_out
     geo = _conv.conv_geometry(x.shape, w.shape, y.shape, stride, pad, groups, pixels, c_out, kh * kw * c_in)
-    aligned = c_in % CHUNK == 0
     tile = tile or forward_tile(w.shape, y.size)
-    kernels = FORWARD if aligned else FORWARD_ANY_CHANNELS
     grid = (math.ceil(pixels / tile.bm), math.ceil(c_out / tile.bn), 1)
     if bn_sums is None:
-        launcher.launch(kernels[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
+        launcher.launch(FORWARD[tile, "plain"], grid, tile.threads, flat(x), flat(w), flat(y), geo)
         return
     fill_zero(launcher, bn_sums[0])
     fill_zero(launcher, bn_sums[1])
-    launcher.launch(kernels[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)
+    launcher.launch(FORWARD[tile, "bn_stats"], grid, tile.threads, flat(x), flat(w), flat(y), *bn_sums, geo)

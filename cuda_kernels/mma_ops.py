@@ -2,14 +2,14 @@
 
 Both families have the same four functions with the SIMT signatures (``_conv`` / ``_linear``).
 "mma" runs the tensor-core kernels wherever they apply and the SIMT kernels elsewhere; "simt" is
-the reference. Where they apply (groups 1 throughout; depthwise and grouped convolutions stay SIMT):
-- a convolution's forward: any channel counts (Cin % 8 != 0: the any-channel variant, where nothing
-  else fits; the AMP stem reads its input zero-padded to 8 channels and takes the aligned kernels,
-  ``padded_stem``);
-- its backward (input and weight gradient together): Cout % 8 == 0, and Cin % 8 == 0 unless no
-  input gradient is needed (the stem; a padded stem's weight gradient drops the padded columns).
-  The fused kinds require multiples of 8 (but the stem's input), so only a convolution outside
-  them can leave its backward to SIMT;
+the reference. The tensor-core kernels take groups-1 layers whose channels are multiples of 8 (16-byte
+rows); depthwise and grouped convolutions stay SIMT. Under AMP the planner pads every groups-1
+convolution with ``Cin % 8 != 0`` to 8k channels (its input and an fp16 weight copy, ``padded_conv``), so:
+- a convolution's forward: tensor cores (any Cout);
+- its backward (input and weight gradient together): tensor cores where Cout % 8 == 0 (dy's rows);
+  a padded stem's weight gradient drops the padded columns; where Cout % 8 != 0 the SIMT kernels run it
+  (a padded convolution's on its real channels). The fused kinds require multiples of 8 (but the stem's
+  input), so only a convolution outside them can leave its backward to SIMT;
 - a fully connected layer (GapFc's too), forward and backward: in and out features multiples of
   8. The planner does not pad a classifier's classes: a 10-class fc runs SIMT.
 A tile ``tile_exclusions`` excludes (it failed on this device, or this install cannot run it) runs SIMT.
@@ -31,17 +31,25 @@ def _gemm_ready(c_in, c_out, groups):
 
 def forward_excluded(w_shape, y_size, epilogue="plain"):
     tile = mma_conv.forward_tile(w_shape, y_size)
-    kernels = mma_conv.FORWARD if w_shape[3] % CHUNK == 0 else mma_conv.FORWARD_ANY_CHANNELS
-    return excluded("forward", tile, kernels[tile, epilogue].dynamic_shared_bytes)
+    return excluded("forward", tile, mma_conv.FORWARD[tile, epilogue].dynamic_shared_bytes)
 
 
 def backward_excluded(x_shape, w_shape, stride, with_dx):
     """The weight gradient's tile, or the input gradient's (when ``with_dx``), is excluded."""
     wgrad = mma_wgrad.wgrad_tile(w_shape)
-    if excluded("wgrad", wgrad, mma_wgrad.WGRAD[wgrad, w_shape[3] % CHUNK != 0].dynamic_shared_bytes):
+    if excluded("wgrad", wgrad, mma_wgrad.WGRAD[wgrad].dynamic_shared_bytes):
         return True
     dgrad = mma_dgrad.dgrad_tile(w_shape, x_shape, stride) if with_dx else None
     return with_dx and excluded("dgrad", dgrad, mma_dgrad.DGRAD[dgrad].dynamic_shared_bytes)
+
+
+def backward_ready(x_shape, w_shape, stride, with_dx):
+    """Whether the tensor-core kernels take a groups-1 convolution's backward: channels multiples of 8 (x's those
+    of w), at most ``MAX_TAPS`` filter rows and columns for the input gradient, its tiles not excluded."""
+    c_out, kh, kw, c_in = w_shape
+    return (x_shape[-1] == c_in and _gemm_ready(c_in, c_out, 1)
+            and (not with_dx or max(kh, kw) <= mma_conv.MAX_TAPS)
+            and not backward_excluded(x_shape, w_shape, stride, with_dx))
 
 
 def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
@@ -52,17 +60,14 @@ def conv2d_forward(launcher, x, w, y, stride, pad, groups, bn_sums=None):
 
 
 def conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate):
-    """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated."""
-    c_out, _, _, c_in = w.shape
-    padded = tuple(dw.shape)[-1] != c_in   # a stem on its zero-padded input: only the aligned weight gradient drops the padding
-    # the weight gradient takes any Cin (stems, whose input needs no gradient); the input gradient not
-    if padded and (dx is not None or backward_excluded(tuple(x.shape), tuple(w.shape), stride, False)):
-        raise ValueError(f"conv2d_backward: a padded stem (w {tuple(w.shape)}, dw {tuple(dw.shape)}) needs the aligned "
-                         f"tensor-core weight gradient and no input gradient; run it with kernels='mma' and the "
-                         f"tile not excluded, or unpadded")
-    if not (mma_wgrad.wgrad_supported(tuple(x.shape), tuple(w.shape), groups)
-            and (dx is None or (_gemm_ready(c_in, c_out, groups) and max(w.shape[1:3]) <= mma_conv.MAX_TAPS))
-            and not backward_excluded(tuple(x.shape), tuple(w.shape), stride, dx is not None)):
+    """``dw`` (fp32) is overwritten; ``dx`` (fp16, or None) overwritten or accumulated. ``dw`` has fewer channels
+    than ``w`` where ``w`` and ``x`` are a padded convolution's (``padded_conv``): its real columns only."""
+    padded = tuple(dw.shape)[-1] != w.shape[3]
+    if groups != 1 or not backward_ready(tuple(x.shape), tuple(w.shape), stride, dx is not None):
+        if padded:
+            raise ValueError(f"conv2d_backward: a zero-padded convolution (x {tuple(x.shape)}, w {tuple(w.shape)}, "
+                             f"dw {tuple(dw.shape)}) needs the tensor-core backward, which does not take it "
+                             f"(Cout % 8 != 0, too many taps or an excluded tile); run its real channels instead")
         _conv.conv2d_backward(launcher, x, w, dy, dx, dw, stride, pad, groups, accumulate)
         return
     mma_wgrad.conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad)

@@ -32,7 +32,7 @@ BK = 32
 STAGES = 3
 H200_SMS = 132
 CHUNK = 8   # fp16 per 16-byte cp.async / ldmatrix row
-# ldmatrix / cp.async / st.shared.v4 need 16-byte aligned shared addresses; numba aligns a float32
+# ldmatrix / cp.async need 16-byte aligned shared addresses; numba aligns a float32
 # shared array to 4 bytes unless told (the simulator refuses the argument, and needs none)
 SMEM_ALIGN = None if SIMULATOR else 128
 
@@ -265,7 +265,7 @@ def make_pipeline(tile, a_trans, b_trans, issue_next, issue_first=None, fold_win
         if fold_window:   # the window added to the fragment offsets once (``warp_step`` then gets 0): each ldmatrix
             # address one register plus an immediate; else ptxas may recompute window + offset + stage in the loop
             # under register pressure (dgrad 128x16: 234 -> 168 registers, 416 -> 394 loop instructions; the weight
-            # gradient's 64x64 and the any-channel forwards lose by it: they do not fold)
+            # gradient's 64x64 loses by it: it does not fold)
             for kk in range(KK):
                 a_off[kk] = opaque_i32(i32(window + a_off[kk]))
                 b_off[kk] = opaque_i32(i32(window + b_off[kk]))

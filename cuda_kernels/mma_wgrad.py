@@ -2,15 +2,15 @@
 
 GEMM with M = Cout, N = KH*KW*Cin, reduced over output pixels, split over ``blockIdx.z``
 (``_conv._reduction_split``) and added into ``dw`` (zeroed first) with fp32 atomics, as the
-SIMT kernel does: ``Cin % 8 == 0`` by 16-byte reductions (``red.global.add.v4.f32`` on sm_90,
-four columns per lane after a lane pair swaps accumulators), stems by scalar ones.
+SIMT kernel does: by 16-byte reductions (``red.global.add.v4.f32`` on sm_90, four columns per
+lane after a lane pair swaps accumulators).
 Both operands are contiguous along M / N (channels), so their tiles are
 stored with rows = pixels (padded rows, see ``mma_tiles``) and read with ``ldmatrix.trans``.
 Each thread stages a fixed 8-channel chunk column (its filter tap and channel for B are
 computed once) and rows whose pixel coordinates advance by ``BK`` pixels per k-tile with
-compares and subtractions; ``Cout % 8 == 0``; ``Cin % 8 != 0`` (stems) stages x by scalar loads.
-A stem whose input was zero-padded to 8 channels (``padded_stem``) runs the aligned kernel with ``dw`` of
-its real channels: the epilogue adds the real columns only (the padded ones are 0 anyway, never stored).
+compares and subtractions; ``Cin % 8 == 0`` and ``Cout % 8 == 0``.
+A convolution whose input was zero-padded to 8k channels (``padded_conv``) runs it with ``dw`` of its real
+channels: the epilogue adds the real columns only (the padded ones are 0 anyway, never stored), by scalar atomics.
 """
 import math
 
@@ -19,20 +19,17 @@ from numba import cuda
 from . import _conv
 from .elementwise import fill_zero
 from .gemm import CONV_GEOMETRY
-from ._mma import cp_async_16_at, cp_async_16_at_plus, cp_async_16_from, red_add_v4, swap_pair
-from .mma_conv import step_tap, store_chunk, tap_of
+from ._mma import cp_async_16_at_plus, cp_async_16_from, red_add_v4, swap_pair
 from .dynamic_smem import SMALLEST_MAX_SHARED
 from .mma_tiles import (BK, CHUNK, SMEM_ALIGN, TILES, choose_tile, make_pipeline, mma_kernel, pipeline_bytes,
                          shared_array_words, stage_layout)
-from .registry import F1, H1, ZERO, flat, geometry, int32_tuple, nbt
+from .registry import F1, H1, flat, geometry, int32_tuple, nbt
 
-f16, i32, u32 = nbt.float16, nbt.int32, nbt.uint32
-_FAR = -(1 << 24)   # a tap row that no pixel reaches: columns past N
+i32, u32 = nbt.int32, nbt.uint32
 
 
-def make_wgrad(tile, any_channels=False):
-    """The weight-gradient kernel of ``tile``; ``any_channels``: Cin % 8 != 0 (stems), the x tile
-    staged by scalar loads (each column's tap and channel computed once) and ``st.shared.v4``."""
+def make_wgrad(tile):
+    """The weight-gradient kernel of ``tile``."""
     T, BM, BN = tile.threads, tile.bm, tile.bn
     A_CPR, B_CPR = BM // CHUNK, BN // CHUNK            # 16-byte chunks per smem row
     A_RPP, B_RPP = T // A_CPR, T // B_CPR              # rows one pass of the block stages
@@ -41,56 +38,19 @@ def make_wgrad(tile, any_channels=False):
     A_STAGE, B_STAGE, B_BASE = stage_layout(tile, a_trans=True, b_trans=True)
     SMEM_WORDS = shared_array_words(pipeline_bytes(tile, a_trans=True, b_trans=True))   # 0: dynamic
     MI, NI, WTM, WTN, WARPS_M = tile.mi, tile.ni, BM // tile.warps_m, BN // tile.warps_n, tile.warps_m
-    # the aligned kernel: a thread's chunks of one row, A_G / B_G chunk columns apart (every tile: one row each)
+    # a thread's chunks of one row, A_G / B_G chunk columns apart (every tile: one row each)
     A_G, B_G = A_CPR // A_LOADS, B_CPR // B_LOADS
     if A_G * BK != T or B_G * BK > T or A_CPR % A_LOADS or B_CPR % B_LOADS:
         raise ValueError(f"tile {tile.name}: the weight gradient's rows do not map one per thread")
 
-    @cuda.jit(device=True)
-    def issue(smem, window, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo):
-        h_, w_, c_in, c_out, s, p = geo[4], geo[5], geo[6], geo[9], geo[12], geo[13]
-        tid = i32(cuda.threadIdx.x)
-        a_stage, b_stage = i32(stage * A_STAGE), i32(B_BASE + stage * B_STAGE)
-        v = cuda.local.array(CHUNK, nbt.float16)
-        for i in range(A_LOADS):
-            r = tid // A_CPR + i * A_RPP
-            if A_LOADS * A_RPP == BK or r < BK:
-                pix = i32(p0 + r)
-                cp_async_16_at(smem, window, i32(a_stage + r * A_ROW + (tid % A_CPR) * 16), dy,
-                               i32(i32(pix * c_out) + co), pix < p_end and co_ok)
-        for i in range(B_LOADS):
-            r = tid // B_CPR + i * B_RPP
-            if any_channels and (B_LOADS * B_RPP == BK or r < BK):
-                for j in range(CHUNK):
-                    hh, ww = poh[i] * s - p + tkh[j], pow_[i] * s - p + tkw[j]
-                    valid = p0 + r < p_end and 0 <= hh < h_ and 0 <= ww < w_
-                    v[j] = x[((pb[i] * h_ + hh) * w_ + ww) * c_in + tci[j]] if valid else f16(ZERO)
-                store_chunk(smem, b_stage + r * B_ROW + (tid % B_CPR) * 16, v)
-            elif B_LOADS * B_RPP == BK or r < BK:   # unsigned compares: negative rows are out of range too
-                hh, ww = i32(i32(poh[i] * s) + kh), i32(i32(pow_[i] * s) + kw)
-                valid = n_ok and i32(p0 + r) < p_end and u32(hh) < u32(h_) and u32(ww) < u32(w_)
-                cp_async_16_at(smem, window, i32(b_stage + r * B_ROW + (tid % B_CPR) * 16), x,
-                               i32(i32(i32(i32(pb[i] * h_) + hh) * w_ + ww) * c_in) + ci, valid)
-
-    @cuda.jit(device=True)
-    def issue_next(smem, window, stage, operands, p0):
-        dy, x, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, step, geo = operands
-        issue(smem, window, dy, x, stage, p0, p_end, co, co_ok, n_ok, kh, kw, ci, pb, poh, pow_, tkh, tkw, tci, geo)
-        for i in range(B_LOADS):   # each row's pixel on by BK, without division or loop
-            pow_[i], poh[i], pb[i], _ = step_tap(pow_[i], poh[i], pb[i], i32(0), step, (i32(0), i32(0), i32(0)),
-                                                 geo[8], geo[7])
-        return i32(p0 + BK)
-
-    main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=issue_next)
-
-    def make_issue_aligned(first):
-        """Cin % 8 == 0: each thread stages one row (pixel) of each operand, ``A_LOADS`` / ``B_LOADS`` chunk columns
+    def make_issue(first):
+        """Each thread stages one row (pixel) of each operand, ``A_LOADS`` / ``B_LOADS`` chunk columns
         ``A_G`` / ``B_G`` chunks apart: dy's at constant offsets from one address, x's at their own taps from the
         row's (hh, ww) and x offset ``xo``, moved on by ``BK`` pixels with adds and two wrap-arounds. The reduction is
         shifted so that its one partial k-tile is split 0's first (``first``: rows before pixel 0 zero-fill); any
         other k-tile is whole or, issued past the end by the pipeline, wholly zero-filled."""
         @cuda.jit(device=True)
-        def issue_aligned(smem, window, stage, operands, state):
+        def issue(smem, window, stage, operands, state):
             dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo = operands
             p0, a_idx, hh, ww, xo = state
             a_dst, b_dst = i32(dst[0] + stage * A_STAGE), i32(dst[1] + B_BASE + stage * B_STAGE)
@@ -111,93 +71,58 @@ def make_wgrad(tile, any_channels=False):
             wrap = h2 >= steps[10]
             h2, o2 = (i32(h2 + steps[6]), i32(o2 + steps[7])) if wrap else (h2, o2)
             return i32(p0 + BK), i32(a_idx + steps[8]), h2, w2, o2
-        return issue_aligned
+        return issue
 
-    main_loop_aligned = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=make_issue_aligned(False),
-                                      issue_first=make_issue_aligned(True))
+    main_loop = make_pipeline(tile, a_trans=True, b_trans=True, issue_next=make_issue(False),
+                              issue_first=make_issue(True))
 
     def conv2d_backward_weight(dy, x, dw, geo, steps):
         smem = cuda.shared.array(SMEM_WORDS, nbt.float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((MI, NI, 4), nbt.float32)
-        pb = cuda.local.array(B_LOADS, nbt.int32)
-        poh = cuda.local.array(B_LOADS, nbt.int32)
-        pow_ = cuda.local.array(B_LOADS, nbt.int32)
-        tkh = cuda.local.array(CHUNK, nbt.int32)   # any_channels: each column's tap and channel
-        tkw = cuda.local.array(CHUNK, nbt.int32)
-        tci = cuda.local.array(CHUNK, nbt.int32)
         gemm_m, gemm_n, pixels, c_in, oh_, ow_, kw_, chunk = (geo[0], geo[1], geo[2], geo[6], geo[7], geo[8],
                                                               geo[11], geo[15])
         tid = cuda.threadIdx.x
         lane, warp = tid & 31, tid >> 5
         warp_m, warp_n = warp % WARPS_M, warp // WARPS_M
         m0, n0 = i32(cuda.blockIdx.x * BM), i32(cuda.blockIdx.y * BN)
-        p0 = i32(cuda.blockIdx.z * chunk)
-        p_end = min(pixels, p0 + chunk)
-        co = m0 + (tid % A_CPR) * CHUNK
-        n = n0 + (tid % B_CPR) * CHUNK          # this thread's B chunk: fixed tap and channel
-        n_ok = n < gemm_n
-        ci, t = n % c_in, n // c_in
-        kw, kh = t % kw_, t // kw_
-        if any_channels:
-            for j in range(CHUNK):
-                tci[j], t = (n + j) % c_in, (n + j) // c_in
-                tkw[j], tkh[j] = t % kw_, (t // kw_ if n + j < gemm_n else i32(_FAR))
-        tiles = (p_end - p0 + BK - 1) // BK
-        if any_channels:
-            for i in range(B_LOADS):                # and its pixel rows, advanced by BK per k-tile
-                q = p0 + tid // B_CPR + i * B_RPP
-                pow_[i], t = q % ow_, q // ow_
-                poh[i], pb[i] = t % oh_, t // oh_
-            main_loop(smem, tiles, (dy, x, i32(p_end), i32(co), co < gemm_m, n_ok, i32(kh - geo[13]),
-                                    i32(kw - geo[13]), i32(ci), pb, poh, pow_, tkh, tkw, tci, tap_of(i32(BK), ow_, oh_),
-                                    geo), i32(p0), warp_m, warp_n, acc)
-        else:
-            h_, w_, c_out, s, p = geo[4], geo[5], geo[9], geo[12], geo[13]
-            # the reduction shifted back by its pixels' shortfall from whole k-tiles (chunks are whole k-tiles): the
-            # one partial k-tile is then split 0's first, rows before pixel 0
-            p0 = i32(i32(cuda.blockIdx.z * chunk) - i32(i32(BK - i32(pixels % BK)) % BK))
-            p_end = min(pixels, i32(p0 + chunk))
-            tiles = i32(i32(p_end - p0) // BK)
-            a_first = cuda.local.array(A_LOADS, nbt.int32)
-            a_lim = cuda.local.array(A_LOADS, nbt.int32)
-            b_kh = cuda.local.array(B_LOADS, nbt.int32)
-            b_kw = cuda.local.array(B_LOADS, nbt.int32)
-            b_tap = cuda.local.array(B_LOADS, nbt.int32)
-            b_ok = cuda.local.array(B_LOADS, nbt.int32)
-            r_a = i32(tid // A_G)   # dy row r of the k-tile at p0: (p0 + r) c_out + co_j, a pixel where p0 >= -r
-            co = i32(m0 + i32(tid % A_G) * CHUNK)
-            for j in range(A_LOADS):   # first k-tile: valid where p0 >= a_first; later ones: where p0 < a_lim
-                col_ok = co + j * A_G * CHUNK < c_out
-                a_first[j] = i32(-r_a) if col_ok else i32(1 << 30)
-                a_lim[j] = p_end if col_ok else i32(-(1 << 30))
-            a_idx = i32(i32(i32(p0 + r_a) * c_out) + co)
-            r_b = i32(tid // B_G)   # x row r_b: pixel q = p0 + r_b = (b, oh, ow); q < 0: b < 0
-            q = i32(p0 + r_b)
-            ow, t = i32(q % ow_), i32(q // ow_)
-            oh, b = i32(t % oh_), i32(t // oh_)
-            hh, ww = i32(i32(oh * s) - p), i32(i32(ow * s) - p)
-            xo = i32(i32(i32(i32(b * h_) + hh) * w_ + ww) * c_in)
-            for j in range(B_LOADS):   # column j's tap; columns past N read column N - 8's (never stored)
-                n = min(i32(i32(n0 + i32(tid % B_G) * CHUNK) + j * B_G * CHUNK), i32(gemm_n - CHUNK))
-                ci, t = i32(n % c_in), i32(n // c_in)
-                b_kw[j], b_kh[j] = i32(t % kw_), i32(t // kw_)
-                b_tap[j] = i32(i32(i32(b_kh[j] * w_) + b_kw[j]) * c_in) + ci
-                b_ok[j] = i32(-r_b)
-            dst = (i32(r_a * A_ROW + (tid % A_G) * 16), i32(r_b * B_ROW + (tid % B_G) * 16))
-            main_loop_aligned(smem, tiles, (dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo),
-                              (i32(p0), a_idx, hh, ww, xo), warp_m, warp_n, acc)
-        dw_row = i32(dw.size // gemm_m)   # gemm_n, or fewer where x is a stem's zero-padded input
-        if any_channels:
-            for mi in range(MI):
-                for ni in range(NI):
-                    for r in range(4):
-                        row = m0 + warp_m * WTM + mi * 16 + (lane >> 2) + (r >> 1) * 8
-                        col = n0 + warp_n * WTN + ni * 8 + (lane & 3) * 2 + (r & 1)
-                        if row < gemm_m and col < gemm_n:
-                            cuda.atomic.add(dw, row * gemm_n + col, acc[mi, ni, r])
-        elif dw_row != gemm_n:
-            # a stem's zero-padded input: dw's rows hold KH*KW*channels, fewer than x's, and its padded columns
-            # are left out (in the aligned kernel, Cin % 8 == 0, each group of 8 columns lies in one tap)
+        h_, w_, c_out, s, p = geo[4], geo[5], geo[9], geo[12], geo[13]
+        # the reduction shifted back by its pixels' shortfall from whole k-tiles (chunks are whole k-tiles): the
+        # one partial k-tile is then split 0's first, rows before pixel 0
+        p0 = i32(i32(cuda.blockIdx.z * chunk) - i32(i32(BK - i32(pixels % BK)) % BK))
+        p_end = min(pixels, i32(p0 + chunk))
+        tiles = i32(i32(p_end - p0) // BK)
+        a_first = cuda.local.array(A_LOADS, nbt.int32)
+        a_lim = cuda.local.array(A_LOADS, nbt.int32)
+        b_kh = cuda.local.array(B_LOADS, nbt.int32)
+        b_kw = cuda.local.array(B_LOADS, nbt.int32)
+        b_tap = cuda.local.array(B_LOADS, nbt.int32)
+        b_ok = cuda.local.array(B_LOADS, nbt.int32)
+        r_a = i32(tid // A_G)   # dy row r of the k-tile at p0: (p0 + r) c_out + co_j, a pixel where p0 >= -r
+        co = i32(m0 + i32(tid % A_G) * CHUNK)
+        for j in range(A_LOADS):   # first k-tile: valid where p0 >= a_first; later ones: where p0 < a_lim
+            col_ok = co + j * A_G * CHUNK < c_out
+            a_first[j] = i32(-r_a) if col_ok else i32(1 << 30)
+            a_lim[j] = p_end if col_ok else i32(-(1 << 30))
+        a_idx = i32(i32(i32(p0 + r_a) * c_out) + co)
+        r_b = i32(tid // B_G)   # x row r_b: pixel q = p0 + r_b = (b, oh, ow); q < 0: b < 0
+        q = i32(p0 + r_b)
+        ow, t = i32(q % ow_), i32(q // ow_)
+        oh, b = i32(t % oh_), i32(t // oh_)
+        hh, ww = i32(i32(oh * s) - p), i32(i32(ow * s) - p)
+        xo = i32(i32(i32(i32(b * h_) + hh) * w_ + ww) * c_in)
+        for j in range(B_LOADS):   # column j's tap; columns past N read column N - 8's (never stored)
+            n = min(i32(i32(n0 + i32(tid % B_G) * CHUNK) + j * B_G * CHUNK), i32(gemm_n - CHUNK))
+            ci, t = i32(n % c_in), i32(n // c_in)
+            b_kw[j], b_kh[j] = i32(t % kw_), i32(t // kw_)
+            b_tap[j] = i32(i32(i32(b_kh[j] * w_) + b_kw[j]) * c_in) + ci
+            b_ok[j] = i32(-r_b)
+        dst = (i32(r_a * A_ROW + (tid % A_G) * 16), i32(r_b * B_ROW + (tid % B_G) * 16))
+        main_loop(smem, tiles, (dy, x, a_first, a_lim, b_kh, b_kw, b_tap, b_ok, dst, steps, p_end, geo),
+                  (i32(p0), a_idx, hh, ww, xo), warp_m, warp_n, acc)
+        dw_row = i32(dw.size // gemm_m)   # gemm_n, or fewer where x is zero-padded (``padded_conv``)
+        if dw_row != gemm_n:
+            # a zero-padded input: dw's rows hold KH*KW*channels, fewer than x's, and its padded columns are left
+            # out (Cin % 8 == 0: each group of 8 columns lies in one tap)
             channels = i32(dw_row // (geo[10] * kw_))
             group = i32(n0 + warp_n * WTN)            # the first of this thread's ni groups of 8 columns
             first, tap_col = i32(group % c_in), i32(i32(group // c_in) * channels)
@@ -253,15 +178,13 @@ def pixel_steps(x_shape, dy_shape, stride, pad):
 
 # every tile whose pipeline fits every target (above 48 KB as dynamic shared memory: 128x128)
 WGRAD_TILES = tuple(t for t in TILES if pipeline_bytes(t, a_trans=True, b_trans=True) <= SMALLEST_MAX_SHARED)
-WGRAD = {(tile, any_channels): mma_kernel(
-    f"mma_conv2d_backward_weight{'_any_channels' if any_channels else ''}_{tile.name}",
-    (H1, H1, F1, CONV_GEOMETRY, WGRAD_STEPS), pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile, any_channels))
-    for tile in WGRAD_TILES for any_channels in (False, True)}
+WGRAD = {tile: mma_kernel(f"mma_conv2d_backward_weight_{tile.name}", (H1, H1, F1, CONV_GEOMETRY, WGRAD_STEPS),
+                          pipeline_bytes(tile, a_trans=True, b_trans=True))(make_wgrad(tile)) for tile in WGRAD_TILES}
 
 
 def wgrad_supported(x_shape, w_shape, groups):
-    """Groups 1 and ``Cout % 8 == 0`` (dy is staged by cp.async); any Cin."""
-    return groups == 1 and w_shape[-1] == x_shape[-1] and w_shape[0] % CHUNK == 0
+    """Groups 1, ``Cin % 8 == 0`` and ``Cout % 8 == 0`` (x and dy are staged by cp.async)."""
+    return groups == 1 and w_shape[-1] == x_shape[-1] and w_shape[-1] % CHUNK == 0 and w_shape[0] % CHUNK == 0
 
 
 def wgrad_tile(w_shape):
@@ -272,11 +195,11 @@ def wgrad_tile(w_shape):
 
 def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
     """``dw`` (fp32, overwritten) of a convolution ``wgrad_supported`` accepts; ``dw`` may have fewer channels than
-    ``w`` and ``x`` where those are a stem's, padded with zeros to a multiple of 8 (its real channels)."""
+    ``w`` and ``x`` where those are zero-padded to a multiple of 8 (its real channels, ``padded_conv``)."""
     c_out, kh, kw, c_in = w.shape
     if dw.size != w.size and not (c_in % CHUNK == 0 and tuple(dw.shape)[:3] == (c_out, kh, kw) and dw.shape[3] < c_in):
         raise ValueError(f"conv2d_backward_weight: dw {tuple(dw.shape)} for w {tuple(w.shape)}: expected w's shape, "
-                         f"or fewer channels where w's are a multiple of {CHUNK} (a zero-padded stem)")
+                         f"or fewer channels where w's are a multiple of {CHUNK} (a zero-padded convolution)")
     pixels = dy.size // c_out
     gemm_n = kh * kw * c_in
     tile = tile or wgrad_tile(w.shape)
@@ -284,5 +207,5 @@ def conv2d_backward_weight(launcher, x, w, dy, dw, stride, pad, tile=None):
     splits, chunk = _conv._reduction_split(pixels, tiles, BK)
     geo = _conv.conv_geometry(x.shape, w.shape, dy.shape, stride, pad, 1, c_out, gemm_n, pixels, chunk)
     fill_zero(launcher, dw)
-    launcher.launch(WGRAD[tile, c_in % CHUNK != 0], (math.ceil(c_out / tile.bm), math.ceil(gemm_n / tile.bn), splits), tile.threads,
+    launcher.launch(WGRAD[tile], (math.ceil(c_out / tile.bm), math.ceil(gemm_n / tile.bn), splits), tile.threads,
                     flat(dy), flat(x), flat(dw), geo, pixel_steps(x.shape, dy.shape, stride, pad))

@@ -132,7 +132,7 @@ def check_args(spec, args, host_stand_ins=False):
 
 
 KERNEL_MODULES = ("elementwise", "batchnorm", "pool", "_conv", "_depthwise", "_linear", "loss", "optim",
-                  "channel_mul", "drop_path", "prelu", "zero_ranges", "padded_stem")
+                  "channel_mul", "drop_path", "prelu", "zero_ranges", "padded_conv")
 
 
 def all_kernels():

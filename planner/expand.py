@@ -22,7 +22,7 @@ from planner._arch import NETWORK_INPUT, ArchLayer, ArchPlan
 from planner._build import load
 from planner._expand_error import ExpandError
 
-INPUT_CHANNEL_ALIGNMENT = 8   # fp16 16-byte rows: the stem runs the aligned tensor-core kernels (zeros in the rest)
+INPUT_CHANNEL_ALIGNMENT = 8   # fp16 16-byte rows: a convolution runs the aligned tensor-core kernels (zeros in the rest)
 FUSED_CHANNEL_MULTIPLE = 8    # fused fp16 kernels vectorise channels by 8
 
 

@@ -6,7 +6,7 @@ that mirror a parameter (params, grads, optimizer state) align each tensor to 51
 that the fp16 weight copies can sit at exactly half those offsets (still 256-aligned): grads,
 optimizer state and fp16 weights mirror the parameter layout element for element, and one
 kernel can sweep a whole region (the optimizer, the fp32 -> fp16 cast); after the mirror, weights16
-holds the stems' fp16 copies padded to the input's padded channels. Saved activations (written in
+holds the fp16 copies of convolution weights with Cin % 8 != 0 padded to 8k channels. Saved activations (written in
 forward, read in backward) and transient
 tensors (everything else that lives inside one step) get offsets from their lifetimes over
 the op schedule: lifetimes -> best-fit allocator, greedy by size and other orders (planner.memory_alloc) ->
@@ -131,7 +131,7 @@ def plan_memory(tensors: list[TensorSpec], graphs, params: tuple[ParamSpec, ...]
             for t in mirrored:
                 offsets[t.id] = start + (offsets[master_of[t.id]] - params_start) // 2
             cursor += params_bytes // 2 if mirrored else 0
-            for t in by_region[region]:   # then the stems' padded copies (``half_padded``), back to back
+            for t in by_region[region]:   # then the padded copies (``half_padded``: Cin % 8 != 0), back to back
                 if t.id not in master_of:
                     offsets[t.id] = cursor
                     cursor += align(t.nbytes)

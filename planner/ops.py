@@ -160,6 +160,9 @@ def _conv_shape(layer, shapes):
 
 CONV_WEIGHT = ParamRule("weight", "params", "kaiming_normal_fan_out", "ohwi")
 COL = Extra("col", "act", saved=False)
+# not a row's: under AMP the planner gives a groups-1 convolution with Cin % 8 != 0 its input zero-padded to a
+# multiple of 8 channels (forward; backward: then its padded input gradient), schedule.padded_input_workspaces
+X_PADDED = Extra("x_padded", "act", saved=False)
 
 
 def _conv_params(layer, shapes):

@@ -61,6 +61,7 @@ class Role(StrEnum):
     NUM_BATCHES_TRACKED = "num_batches_tracked"
     # extras (the registry's `Extra.role`): saved statistics, indices, masks, workspaces
     COL = "col"
+    X_PADDED = "x_padded"      # AMP: a convolution's input zero-padded to 8k channels (schedule.padded_input_workspaces)
     ARGMAX = "argmax"
     MASK = "mask"
     SAVE_MEAN = "save_mean"
@@ -136,7 +137,7 @@ class ParamSpec(NamedTuple):
     grad: int = -1           # its gradient tensor (trainable parameters of a training plan), else -1
     half: int = -1           # its fp16 copy (trainable parameters of an AMP plan), else -1
     state: tuple[int, ...] = ()  # its optimizer-state tensors, one per slot
-    half_padded: int = -1    # a stem weight's fp16 copy with the input's padded channels (zero columns), else -1
+    half_padded: int = -1    # AMP, a conv weight with Cin % 8 != 0: its fp16 copy padded to 8k channels (zero columns), else -1
 
 
 class TensorSpec(NamedTuple):

@@ -6,7 +6,8 @@ that the next one takes:
     persistent_tensors   parameters (with their gradients, optimizer state, fp16 copies), BN
                          statistics, I/O and scalars: laid out once, shared by every graph
     saved_values         which values a train graph keeps from forward for backward
-    graph_extras         each primitive's extras (statistics, masks, workspaces) per variant
+    graph_extras         each primitive's extras (statistics, masks, workspaces) per variant, and under
+                         AMP the padded-input workspace of a convolution with Cin % 8 != 0
     value_tensors        one tensor per value of a graph
     forward_ops          the forward schedule (and the extras it writes)
     loss_op              softmax cross-entropy, and the logits' gradient in training
@@ -30,7 +31,8 @@ from planner.plan import (
     TensorSpec, gradient_roles, new_record, role_named,
 )
 from planner.conv_algorithm import conv_algorithms
-from planner.ops import KINDS_WITH_EXTRAS, OPS, ShapeError
+from planner.expand import align_input_channels
+from planner.ops import KINDS_WITH_EXTRAS, OPS, X_PADDED, ShapeError
 
 SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
            ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"),
@@ -130,16 +132,41 @@ class Persistent:
     conv_attrs: dict[int, tuple[tuple[str, object], ...]]
 
 
+def padded_conv_positions(s: Setting) -> dict[int, int]:
+    """Under AMP, each groups-1 convolution whose input channels are not a multiple of 8 -> those channels rounded
+    up to one: the CUDA path runs it on the aligned tensor-core kernels (issue 23) with an fp16 weight copy of as
+    many channels, the extra columns zero (``ParamSpec.half_padded``), on its input zero-padded to match: the
+    network input's slot itself for the stems (``padded_stem_positions``), else a workspace the op pads the input
+    into (``Role.X_PADDED``, forward and backward). The master weight, its gradient and optimizer state keep the
+    real channels."""
+    if not s.arch.amp:
+        return {}
+    shapes = next(iter(s.value_shapes.values()))
+    padded = {}
+    for position, (_, prim) in enumerate(s.prims):
+        if prim.kind == "conv" and prim.param("groups") == 1:
+            channels = shapes[prim.inputs[0]][-1]
+            if align_input_channels(channels, True) != channels:
+                padded[position] = align_input_channels(channels, True)
+    return padded
+
+
 def padded_stem_positions(s: Setting) -> frozenset[int]:
-    """The convolutions whose weights also get an fp16 copy with the input's padded channels (zero columns):
-    under AMP, when every reader of the network input is a groups-1 convolution (the stem), so the CUDA path
-    can hand them the zero-padded input and run the aligned tensor-core kernels (issue 23, item 3). The
-    master weight, its gradient and optimizer state keep the real channels."""
+    """The padded convolutions (``padded_conv_positions``) that read the network input's slot padded itself: when
+    every reader of the network input is a groups-1 convolution (the stem), the slot has the padded channels (the
+    batch is uploaded with its real ones into ``input_unpadded`` and padded by the step's first kernel)."""
     readers = [(position, prim) for position, (_, prim) in enumerate(s.prims) if NETWORK_INPUT in prim.inputs]
     if (not s.arch.amp or s.arch.input_channels_padded == s.arch.in_channels or not readers
             or any(prim.kind != "conv" or prim.param("groups") != 1 for _, prim in readers)):
         return frozenset()
     return frozenset(position for position, _ in readers)
+
+
+def padded_input_workspaces(s: Setting) -> dict[int, int]:
+    """The padded convolutions that pad their input into a workspace of their own (not a stem on the padded
+    network input) -> its channels."""
+    stems = padded_stem_positions(s)
+    return {position: channels for position, channels in padded_conv_positions(s).items() if position not in stems}
 
 
 SE_PROJECTION = "conv1x1"   # an se's fc weight (out, in) is a 1x1 convolution's (out, in, 1, 1) in PyTorch
@@ -186,12 +213,12 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
     if s.arch.amp:
         for name, tid, *_ in trainable:
             half[tid] = make.sized("fp16." + name, Region.WEIGHTS16, "float16", param_size[tid])
-        stems = padded_stem_positions(s)
+        padded = padded_conv_positions(s)
         for name, tid, shape, _, _, position, *_, role in trainable:
-            if position in stems and role is Role.WEIGHT:
+            if position in padded and role is Role.WEIGHT:
                 half_padded[tid] = make.new("fp16pad." + name, Region.WEIGHTS16, "float16",
-                                            shape[:3] + (s.arch.input_channels_padded,))
-    io = _io_tensors(s, make, bool(half_padded))
+                                            shape[:3] + (padded[position],))
+    io = _io_tensors(s, make, bool(padded_stem_positions(s)))
     params = tuple(new_record(ParamSpec, (*row, grad.get(row[1], -1), half.get(row[1], -1),
                                           tuple(state.get(row[1], ())), half_padded.get(row[1], -1))) for row in rows)
     params_at: dict[int, list[ParamSpec]] = {}
@@ -287,6 +314,10 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
         if per_variant[0]:
             extras_of[position] = tuple((extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
                                         for k, (extra, _) in enumerate(per_variant[0]))
+    for position, channels in padded_input_workspaces(s).items():   # AMP: the input zero-padded to 8k channels
+        x = s.prims[position][1].inputs[0]
+        extras_of[position] = extras_of.get(position, ()) + (
+            (X_PADDED, {v: shapes[x][:3] + (channels,) for v, shapes in zip(variants, variant_shapes)}),)
     return extras_of
 
 

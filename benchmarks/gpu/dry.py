@@ -168,7 +168,7 @@ TRAFFIC_BATCH = 256
 
 def step_traffic(model, batch=TRAFFIC_BATCH):
     """``(plan, kernel names, per-kernel [launches, read, written], launches before merging the zero-fills,
-    floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes, {any-channel kernel:
+    floor by region, [(fill, kernel)] of the recorded fills a kernel then only writes, {SIMT GEMM kernel:
     [layers]}, {uploaded input: bytes})`` of ``model``'s
     training step at ``batch``, recorded as ``dry_record_train_step`` does."""
     import dataclasses
@@ -183,14 +183,14 @@ def step_traffic(model, batch=TRAFFIC_BATCH):
     names, _, _, entries = dry_record_train_step(plan, sgd(), Keep)
     table = tape_traffic([e for e in entries if e.kind == "kernel"])
     overwritten = overwritten_fills(tapes[-1].recorded_kernels)
-    any_channels = {}
-    for name, layer in tapes[-1].launch_layers:
-        if "_any_channels" in name:
-            any_channels.setdefault(name, []).append(layer)
+    simt_gemms = {}
+    for name, layer in tapes[-1].launch_layers:   # the SIMT GEMMs (``_conv``, ``_linear``; the tensor-core ones: mma_*)
+        if name.startswith(("conv2d_", "linear_forward")):
+            simt_gemms.setdefault(name, []).append(layer)
     kernels = [e for e in entries if e.kind == "kernel"]
     floor = step_floor(plan, touched_offsets(kernels, tapes[-1].arena_buffer))
     uploads = {e.name: e.nbytes for e in entries if e.kind == "upload"}
-    return plan, names, table, tapes[-1].recorded, floor, overwritten, any_channels, uploads
+    return plan, names, table, tapes[-1].recorded, floor, overwritten, simt_gemms, uploads
 
 
 def print_step_traffic(models=TRAFFIC_MODELS):
@@ -200,7 +200,7 @@ def print_step_traffic(models=TRAFFIC_MODELS):
     print(f"\nbytes and launches per training step (recorded tape, batch {TRAFFIC_BATCH}; every array argument a "
           f"kernel reads / writes counted once per launch; GB = 1e9 bytes):")
     for model in (m for m in TIMING_MODELS if m.name in models):
-        plan, names, table, recorded, floor, overwritten, any_channels, uploads = step_traffic(model)
+        plan, names, table, recorded, floor, overwritten, simt_gemms, uploads = step_traffic(model)
         gemm, other = totals(table, gemm=True), totals(table)
         fills = sum(row[0] for name, row in table.items() if name.startswith("fill_zero"))
         floor_bytes = sum(floor.values())
@@ -217,8 +217,11 @@ def print_step_traffic(models=TRAFFIC_MODELS):
         print(f"    non-GEMM bytes / floor: {(other[1] + other[2]) / floor_bytes:.2f}")
         print(f"    recorded zero-fills of a buffer the next kernel only writes: {len(overwritten)}"
               + (f" (before {sorted(set(k for _, k in overwritten))})" if overwritten else ""))
-        print("    any-channel (scalar-staged) tensor-core kernels: "
-              + ("; ".join(f"{k} at {', '.join(v)}" for k, v in any_channels.items()) or "none"))
+        print("    SIMT GEMM kernels (layers the tensor cores do not take): "
+              + ("; ".join(f"{k} at {', '.join(v)}" for k, v in simt_gemms.items()) or "none"))
+        print("    convolutions on zero-padded channels (padded_conv): "
+              + (", ".join(f"{p.name} {p.shape[-1]} -> {plan.tensor(p.half_padded).shape[-1]}"
+                           for p in plan.params if p.half_padded >= 0) or "none"))
         print("    uploads per step (pinned host -> device, not in the bytes above): "
               + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in uploads.items())
               + f"; total {sum(uploads.values()) / 1e6:.1f} MB")

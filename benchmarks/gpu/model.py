@@ -8,8 +8,7 @@ three times, of which the largest bounds it:
 - shared memory: ldmatrix reads + cp.async writes at 128 B/clock;
 - instruction issue: the kernel's main-loop instructions per warp and k-tile, read from its SASS
   (``sass_counts.json``: instructions per HMMA x HMMAs per warp and k-tile), over 4 schedulers
-  issuing one instruction per clock. This is what makes a slow loop (and the any-channel stem
-  kernels' scalar staging) slow in the model.
+  issuing one instruction per clock. This is what makes a slow loop slow in the model.
 
 Then waves of 132 SMs (quantisation); HBM bytes (every operand once) and L2 bytes (A once per
 column of tiles, B once per row); the GEMM's time is the largest of these plus a launch.
@@ -30,7 +29,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from cuda_kernels.mma_dgrad import DGRAD_TILES
-from cuda_kernels.mma_conv import STEM_TILES
 from cuda_kernels.mma_tiles import BK, choose_tile, pipeline_bytes
 from cuda_kernels.mma_wgrad import WGRAD_TILES
 
@@ -155,10 +153,10 @@ def _wgrad_splits(c, tile, gpu):
 FORWARD, DGRAD, WGRAD = "mma_conv2d_forward_bn_stats", "mma_conv2d_backward_data", "mma_conv2d_backward_weight"
 
 
-def kernel_name(family, tile, any_channels=False):
+def kernel_name(family, tile):
     """The tensor-core kernel of ``family`` (forward: the BN-statistics epilogue, as a convolution followed by
-    BatchNorm runs) for ``tile``; ``any_channels``: the kernels that stage channels one by one (stems)."""
-    return f"{family}_{'any_channels_' if any_channels else ''}{tile.name}"
+    BatchNorm runs) for ``tile``."""
+    return f"{family}_{tile.name}"
 
 
 def predict_conv(c, gpu=H200):
@@ -170,27 +168,18 @@ def predict_conv(c, gpu=H200):
     if c.first:
         del simt["dgrad"]
     x_bytes, w_bytes, y_bytes = 2.0 * c.batch * c.hw ** 2 * c.c_in, 2.0 * taps * c.c_in * c.c_out, 2.0 * pixels_out * c.c_out
-    if c.c_in % 8 or c.c_out % 8:   # stems: any-channel forward and weight gradient; no input gradient
-        out = {kind: (None, simt[kind]) for kind in simt}
-        stem = choose_tile(pixels_out, c.c_out, STEM_TILES)
-        out["forward"] = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, stem, pipeline_bytes(stem, False, False),
-                                       x_bytes + w_bytes + y_bytes, kernel_name(FORWARD, stem, True)), simt["forward"])
-        if c.c_out % 8 == 0 and c.first:
-            wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
-            splits = _wgrad_splits(c, wgr, gpu)
-            out["wgrad"] = (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
-                                         x_bytes + y_bytes + 2 * w_bytes * splits, kernel_name(WGRAD, wgr, True),
-                                         k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"])
-        return out
     fwd = choose_tile(pixels_out, c.c_out)
+    forward = (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd, pipeline_bytes(fwd, False, False),
+                            x_bytes + w_bytes + y_bytes, kernel_name(FORWARD, fwd)), simt["forward"])
+    if c.c_out % 8:   # the forward on tensor cores (any Cout); the backward SIMT (dy's rows are not 16-byte aligned)
+        return {kind: forward if kind == "forward" else (None, simt[kind]) for kind in simt}
     s2 = c.stride ** 2
     class_pixels = c.batch * math.ceil(c.hw / c.stride) ** 2
     dgr = choose_tile(class_pixels, c.c_in, DGRAD_TILES)
     wgr = choose_tile(c.c_out, taps * c.c_in, WGRAD_TILES, min_blocks=1)
     splits = _wgrad_splits(c, wgr, gpu)
     out = {
-        "forward": (predict_gemm(pixels_out, c.c_out, taps * c.c_in, fwd, pipeline_bytes(fwd, False, False),
-                                 x_bytes + w_bytes + y_bytes, kernel_name(FORWARD, fwd)), simt["forward"]),
+        "forward": forward,
         "wgrad": (predict_gemm(c.c_out, taps * c.c_in, pixels_out, wgr, pipeline_bytes(wgr, True, True),
                                x_bytes + y_bytes + 2 * w_bytes * splits, kernel_name(WGRAD, wgr),  # fp32 atomics
                                k_per_block=math.ceil(pixels_out / splits / BK) * BK), simt["wgrad"]),
@@ -204,9 +193,10 @@ def predict_conv(c, gpu=H200):
 
 def conv_shapes(blueprint, batch, hw):
     """Every convolution of ``blueprint`` at ``batch x hw x hw x 3``, in order (spatial sizes followed
-    through the unfused layers: convolutions and pools change them, GAP ends them). A stem reading the
-    input runs on its channels as the AMP plan pads them (8: the aligned kernels, ``padded_stem``)."""
+    through the unfused layers: convolutions and pools change them, GAP ends them). Each runs on its input
+    channels as the AMP plan pads them (to 8k: the aligned kernels, ``padded_conv``; the stem's 3 to 8)."""
     from planner import ArchPlan
+    from planner.expand import align_input_channels
     arch = ArchPlan.from_blueprint(blueprint, in_channels=3, fuse=False, amp=True)
     size, shapes = {0: hw}, []
     for layer in arch.layers:
@@ -214,7 +204,7 @@ def conv_shapes(blueprint, batch, hw):
         if layer.kind in ("conv", "maxpool", "avgpool"):
             k, s, p = layer.param("kernel"), layer.param("stride"), layer.param("padding")
             if layer.kind == "conv":
-                c_in = arch.input_channels_padded if layer.first else layer.in_channels
+                c_in = align_input_channels(layer.in_channels, True)
                 shapes.append(ConvShape(layer.prefix or layer.path, batch, here, c_in,
                                         layer.out_channels, k, s, p, first=not shapes))
             here = (here + 2 * p - k) // s + 1

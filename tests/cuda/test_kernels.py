@@ -24,7 +24,7 @@ import pytest
 from planner import reference as ref
 from planner.ops import ACTIVATIONS, OPS
 from cuda_kernels import (batchnorm, channel_mul, _conv, drop_path, elementwise, _linear, loss, optim, pool, prelu,
-                          padded_stem, zero_ranges)
+                          padded_conv, zero_ranges)
 from cuda_kernels.collective import ReducingCollectives
 from cuda_kernels.registry import all_kernels
 from tests.support.cuda_checks import check, dev, f64, garbage, half, replay
@@ -152,15 +152,15 @@ def case_cast(rng, n=77):
     check("fp16 copy", dst, src.astype(np.float16), "exact")
 
 
-def case_cast_padded_stem(rng, n=80):
-    """The master weights' fp16 copies and, in the same launch, two stems' copies padded to 8 / 16 channels: the
-    real columns cast, the padded ones 0 (written over garbage); the second stem's launch casts no region."""
+def case_cast_padded_weights(rng, n=80):
+    """The master weights' fp16 copies and, in the same launch, two convolutions' copies padded to 8 / 16 channels: the
+    real columns cast, the padded ones 0 (written over garbage); the second one's launch casts no region."""
     src = (rng.standard_normal(n) * 100).astype(np.float32)
     dst = garbage(n, np.float16)
     stems = [(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), 8),
              (rng.standard_normal((16, 1, 1, 9)).astype(np.float32), 16)]
     padded = [garbage(w.shape[:3] + (channels,), np.float16) for w, channels in stems]
-    run(lambda t: padded_stem.cast_with_padded_stems(t, dev(src), dst, [(dev(w), p) for (w, _), p in
+    run(lambda t: padded_conv.cast_with_padded_weights(t, dev(src), dst, [(dev(w), p) for (w, _), p in
                                                                          zip(stems, padded)]))
     check("fp16 copy", dst, src.astype(np.float16), "exact")
     for (w, channels), p in zip(stems, padded):
@@ -589,7 +589,7 @@ CASES = [
     pytest.param(case_prelu, dict(slopes=1, accumulate=False), id="prelu-shared"),
     pytest.param(case_cast, {}, id="cast-f32-f16"),
     pytest.param(case_cast, dict(n=80), id="cast-f32-f16-vec8"),
-    pytest.param(case_cast_padded_stem, {}, id="cast-f32-f16-padded-stem"),
+    pytest.param(case_cast_padded_weights, {}, id="cast-f32-f16-padded"),
     pytest.param(case_fill_zero, {}, id="fill-zero"),
     pytest.param(case_fill_zero_ranges, {}, id="fill-zero-ranges"),
     pytest.param(case_batchnorm_train, dict(activation=None, with_residual=False), id="bn-train"),

@@ -7,7 +7,9 @@ also runs a GPU tile (4 warps of 32x32, two x4 B loads per k16) on a shape it co
 gradients run the 128x128 tile (8 warps; its pipeline in dynamic shared memory, above 48 KB: a
 launch without the byte count fails) on a few cases (~5 s per k-tile and block here). Every
 other kernel of ``MMA_KERNELS`` (each tile of the planner's table, each family) runs one small
-case, and the last test fails if any kernel of the table was never launched.
+case, and the last test fails if any kernel of the table was never launched. A case whose Cin is not a multiple
+of 8 runs as the planner runs it under AMP (``padded_conv``): on x and w zero-padded to 8k channels, the weight
+gradient into ``dw`` of the real channels.
 """
 import zlib
 
@@ -25,6 +27,11 @@ LAUNCHED = []   # kernel names, in launch order
 def run(record):
     LAUNCHED.extend(replay(record))
 
+
+def padded(a):
+    """``a`` with its channels (last axis) zero-padded to a multiple of 8, as ``padded_conv`` pads x and w."""
+    return np.concatenate([a, np.zeros(a.shape[:-1] + (-a.shape[-1] % CHUNK,), a.dtype)], -1)
+
 GPU_TILE_64 = MmaTile(64, 64, 2, 2)
 WIDE_TILE = GPU_TILES[0]   # 128x128, 8 warps of 64x32
 # (N, H, W, Cin, Cout, k, stride, pad): partial tiles in M (pixels % 32), N (Cout % 16) and K (% 32)
@@ -34,7 +41,7 @@ FORWARD_CASES = {
     "3x3-c16-s2": (1, 7, 7, 16, 20, 3, 2, 1),            # stride 2 with padding, two column tiles
     "7x7-c24-s2-p3": (1, 6, 6, 24, 8, 7, 2, 3),          # K 1176 = 37 k-tiles; taps cross k-tiles mid-channel
     "3x3-c8-batch2-nopad": (2, 5, 4, 8, 8, 3, 1, 0),
-    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),      # any channel count: K 147, unaligned rows
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),      # padded to 8 channels: K 392
     "3x3-c5": (2, 4, 4, 5, 8, 3, 1, 1),
 }
 
@@ -45,7 +52,7 @@ def _forward(rng, config, with_stats, tile=None, cases=FORWARD_CASES):
     y_ref = ref.conv2d_forward(f64(x), f64(w), s, p, 1)
     y = garbage(y_ref.shape, np.float16)
     sums = (garbage(cout, np.float32), garbage(cout, np.float32)) if with_stats else None
-    run(lambda t: mma_conv.conv2d_forward(t, dev(x), dev(w), y, s, p, 1, bn_sums=sums, tile=tile))
+    run(lambda t: mma_conv.conv2d_forward(t, dev(padded(x)), dev(padded(w)), y, s, p, 1, bn_sums=sums, tile=tile))
     check("y", y, y_ref, "fp16")
     if with_stats:
         stored = f64(y.copy_to_host()).reshape(-1, cout)
@@ -63,9 +70,12 @@ def test_forward_on_a_gpu_tile():
     _forward(np.random.default_rng(3), "3x3-c8-partial-mnk", True, tile=GPU_TILE_64)
 
 
-def test_the_forward_takes_any_channel_count_but_not_groups():
-    assert mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
+def test_the_forward_takes_channels_multiples_of_8_and_groups_1():
+    """Cin % 8 != 0 runs SIMT unless padded (``padded_conv``): no any-channel kernel is left."""
+    assert mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 8), 1)
+    assert not mma_conv.mma_supported((1, 4, 4, 3), (8, 3, 3, 3), 1)
     assert not mma_conv.mma_supported((1, 4, 4, 8), (8, 3, 3, 4), 2)
+    assert not any("any_channels" in name for name in mma_kernels.all_mma_kernels())
 
 
 # ---- weight gradient ------------------------------------------------------------------------------------------
@@ -74,8 +84,8 @@ WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
     "1x1-c16-cout40-s2": (2, 7, 7, 16, 40, 1, 2, 0),     # Cout 40: partial M tile; 32 pixels
     "3x3-c24-s2-split": (2, 9, 9, 24, 8, 3, 2, 1),       # 50 pixels over 2 splits, partial last k-tile
     "7x7-c8-s2-p3": (1, 8, 8, 8, 8, 7, 2, 3),
-    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),     # any Cin: N = 147, columns cross taps
-    "3x3-c5-split": (2, 6, 6, 5, 8, 3, 1, 1),           # 72 pixels over 2 splits
+    "7x7-c3-s2-p3-stem": (1, 8, 8, 3, 16, 7, 2, 3),     # padded to 8: N = 392, dw's 147 real columns
+    "3x3-c5-split": (2, 6, 6, 5, 8, 3, 1, 1),           # 72 pixels over 2 splits; padded to 8
 }
 
 
@@ -84,8 +94,8 @@ def _wgrad(rng, config, tile=None, cases=WGRAD_CASES):
     x, w = half(rng, (n, h, w_, cin)), half(rng, (cout, k, k, cin), 0.5)
     y_shape = ref.conv2d_forward(f64(x), f64(w), s, p, 1).shape
     dy = half(rng, y_shape)
-    dw = garbage(w.shape, np.float32)
-    run(lambda t: mma_wgrad.conv2d_backward_weight(t, dev(x), dev(w), dev(dy), dw, s, p, tile=tile))
+    dw = garbage(w.shape, np.float32)   # the real channels (of a padded x and w: the real columns only)
+    run(lambda t: mma_wgrad.conv2d_backward_weight(t, dev(padded(x)), dev(padded(w)), dev(dy), dw, s, p, tile=tile))
     _, dw_ref = ref.conv2d_backward(f64(x), f64(w), f64(dy), s, p, 1)
     check("dw", dw, dw_ref, "fp32")
 
@@ -102,7 +112,7 @@ def test_wgrad_on_a_gpu_tile():
 WIDE_WGRAD_CASES = {  # (N, H, W, Cin, Cout, k, stride, pad)
     "1x1-81-pixels": (1, 9, 9, 8, 8, 1, 1, 0),     # three k-tiles of pixels, the last partial; M 8, N 8
     "3x3-s2-c8": (1, 5, 5, 8, 16, 3, 2, 1),        # 9 pixels: one k-tile, shorter than the pipeline; N 72
-    "3x3-s2-c3-stem": (1, 4, 4, 3, 8, 3, 2, 1),    # any channel count (scalar staging); N 27
+    "3x3-s2-c3-stem": (1, 4, 4, 3, 8, 3, 2, 1),    # padded to 8: N 72, dw's 27 real columns
 }
 
 
@@ -198,18 +208,14 @@ def test_gemm_kernels_names_its_choices():
 def _tile_cases(tile):
     """Per kernel family: how to run it on ``tile`` (Cout / Cin ``tile.bn - 8``: a partial column tile)."""
     c = max(CHUNK, tile.bn - CHUNK)
-    forward = {"plain-1x1-s2-k24": (1, 6, 6, 24, c, 1, 2, 0), "stats-1x1-k40": (1, 5, 5, 40, c, 1, 1, 0),
-               "stem-3x3-s2-k27": (1, 6, 6, 3, CHUNK, 3, 2, 1)}
-    wgrad = {"1x1-25-pixels": (1, 5, 5, c, 16, 1, 1, 0), "stem-3x3-n27": (1, 4, 4, 3, CHUNK, 3, 1, 1)}
+    forward = {"plain-1x1-s2-k24": (1, 6, 6, 24, c, 1, 2, 0), "stats-1x1-k40": (1, 5, 5, 40, c, 1, 1, 0)}
+    wgrad = {"1x1-25-pixels": (1, 5, 5, c, 16, 1, 1, 0)}
     dgrad = {"3x3-s2-accumulate": (1, 5, 5, c, CHUNK, 3, 2, 1, True)}
     return {
         "conv2d_forward": lambda rng: _forward(rng, "plain-1x1-s2-k24", False, tile, forward),
         "conv2d_forward_bn_stats": lambda rng: _forward(rng, "stats-1x1-k40", True, tile, forward),
-        "conv2d_forward_any_channels": lambda rng: _forward(rng, "stem-3x3-s2-k27", False, tile, forward),
-        "conv2d_forward_bn_stats_any_channels": lambda rng: _forward(rng, "stem-3x3-s2-k27", True, tile, forward),
         "linear_forward_bias": lambda rng: _linear_bias(rng, (5, 24, c), tile),
         "conv2d_backward_weight": lambda rng: _wgrad(rng, "1x1-25-pixels", tile, wgrad),
-        "conv2d_backward_weight_any_channels": lambda rng: _wgrad(rng, "stem-3x3-n27", tile, wgrad),
         "conv2d_backward_data": lambda rng: _dgrad(rng, "3x3-s2-accumulate", tile, dgrad),
     }
 
@@ -217,7 +223,7 @@ def _tile_cases(tile):
 # launched by the GPU-tile and wide-tile tests above
 COVERED_ABOVE = {f"mma_{family}_{tile.name}" for tile in (GPU_TILE_64, WIDE_TILE)
                  for family in ("conv2d_backward_weight", "conv2d_backward_data")} | {
-    f"mma_conv2d_forward_bn_stats_{GPU_TILE_64.name}", f"mma_conv2d_backward_weight_any_channels_{WIDE_TILE.name}"}
+    f"mma_conv2d_forward_bn_stats_{GPU_TILE_64.name}"}
 GPU_TILE_KERNELS = sorted((name, tile) for name in mma_kernels.all_mma_kernels() for tile in GPU_TILES
                           if name.endswith("_" + tile.name) and name not in COVERED_ABOVE)
 

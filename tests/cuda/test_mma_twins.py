@@ -9,7 +9,7 @@ import pytest
 from numba import cuda
 
 from cuda_kernels._mma import (cp_async_16, cp_async_commit, cp_async_wait, ldmatrix_x4, ldmatrix_x4_trans,
-                               mma_m16n8k16, pack_half2, st_shared_v4)
+                               mma_m16n8k16)
 from cuda_kernels._mma_twins import pack_half2 as host_pack, unpack_half2
 
 WARPS = 2
@@ -192,25 +192,3 @@ def test_cp_async_refuses_a_valid_copy_outside_its_source(index):
     _cp_async_one_kernel[1, 1](src, index, 0)
     with pytest.raises(IndexError, match="outside the array"):
         _cp_async_one_kernel[1, 1](src, index, 1)
-
-
-@cuda.jit
-def _store_chunk_kernel(src, out):
-    smem = cuda.shared.array(64, np.float32)
-    lane = cuda.threadIdx.x
-    if lane < 4:   # lane l stores 8 halves at byte 64 + 16 l
-        st_shared_v4(smem, 64 + 16 * lane, pack_half2(src[8 * lane], src[8 * lane + 1]),
-                     pack_half2(src[8 * lane + 2], src[8 * lane + 3]), pack_half2(src[8 * lane + 4], src[8 * lane + 5]),
-                     pack_half2(src[8 * lane + 6], src[8 * lane + 7]))
-    cuda.syncthreads()
-    r = ldmatrix_x4(smem, 64 + 16 * (lane % 4))   # rows 0-3 of each matrix are the 4 chunks
-    out[lane] = r[0]
-
-
-def test_st_shared_v4_of_packed_halves_lands_in_order():
-    src = (np.arange(32) - 7).astype(np.float16)
-    out = np.zeros(32, np.uint32)
-    _store_chunk_kernel[1, 32](src, out)
-    for lane in range(32):   # ldmatrix: lane l gets row l // 4, halves 2 (l % 4), +1 (rows 4-7 repeat 0-3)
-        row, col = (lane // 4) % 4, 2 * (lane % 4)
-        assert list(unpack_half2(out[lane])) == [src[8 * row + col], src[8 * row + col + 1]], lane

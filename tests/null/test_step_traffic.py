@@ -81,14 +81,17 @@ def test_launches_per_step_and_zero_fills_merged(traffic):
     assert not unfolded, f"{name}: launches of kernels folded into their neighbours: {unfolded}"
 
 
-def test_no_layer_of_the_zoo_resnets_runs_an_any_channel_kernel(traffic):
+def test_no_convolution_of_the_zoo_resnets_runs_simt(traffic):
     """Issue 23, item 3: the 3-channel stem reads its input zero-padded to 8 channels with a weight copy padded to
     match, so it runs the aligned tensor-core kernels like every other layer. The dry run names the layers that
-    launch an any-channel (scalar-staged) kernel: none here; the padded copy is written in the cast's one launch."""
-    name, (plan, names, _, _, _, _, any_channels, _) = traffic
-    assert not any_channels, f"{name}: any-channel kernels at {any_channels}"
-    assert names.count("cast_f32_to_f16_padded_stem") == 1 and not any(n.startswith("cast_f32_to_f16_vec8")
-                                                                     for n in names), sorted(set(names))
+    launch a SIMT GEMM kernel: none but ResNet-18-CIFAR's 10-class classifier (the planner does not pad classes);
+    the padded copy is written in the cast's one launch."""
+    name, (plan, names, _, _, _, _, simt_gemms, _) = traffic
+    simt_layers = {layer for layers in simt_gemms.values() for layer in layers}
+    assert simt_layers == ({"fc"} if name == "resnet18-cifar" else set()), f"{name}: SIMT GEMMs at {simt_gemms}"
+    assert names.count("cast_f32_to_f16_padded") == 1 and not any(n.startswith("cast_f32_to_f16_vec8")
+                                                                for n in names), sorted(set(names))
+    assert [p.name for p in plan.params if p.half_padded >= 0] == [plan.params[0].name]   # the stem's only
     stem = plan.arch.layers[0]
     assert stem.first and stem.in_channels == 3 and plan.arch.input_channels_padded == 8
 
