@@ -26,10 +26,11 @@ simulator's idea, with a few placement orders and the smallest arena kept):
 
 ``arena_bytes`` is the highest end of any placed tensor. The lower bound is the
 largest total of aligned sizes live at any one op (an event sweep); no
-allocator can beat it. ``size`` alone reaches it on every zoo training plan but
-mobilenet_v3_small's unfused one (1.116x): there the backward pass ends with a
-chain of equal-size full-resolution gradients, each live for two ops, beside
-the first convolution's larger im2col workspace at the last op. ``size`` places
+allocator can beat it. ``size`` alone reaches it on every zoo training plan. It
+missed mobilenet_v3_small's unfused one (1.116x) while the plan still gave the
+first convolution an im2col workspace (since dropped: its algorithms need none):
+there the backward pass ends with a chain of equal-size full-resolution
+gradients, each live for two ops, beside that larger workspace at the last op. ``size`` places
 the workspace, then the chain in time order alternating between two offsets,
 and the chain's last link, live with the workspace, finds both taken; ordering
 the chain from its end (``size_then_latest``) reaches the bound. On short
@@ -197,7 +198,7 @@ def _by_size_then_longest(aligned, first, last):
 def _by_size_then_latest(aligned, first, last):
     """Size descending, last op descending: greedy by size walking time backwards. A chain of
     equal tensors is placed from its end, so its link live at a wide op near the end of the
-    schedule (mobilenet_v3_small's last backward op) is placed first and the chain packs around it."""
+    schedule (a workspace at the last backward op, as mobilenet_v3_small's had) is placed first and the chain packs around it."""
     return np.lexsort((-last.astype(np.int64), -aligned))
 
 

@@ -32,7 +32,7 @@ from planner.plan import (
 )
 from planner.conv_algorithm import conv_algorithms
 from planner.expand import align_input_channels
-from planner.ops import KINDS_WITH_EXTRAS, OPS, X_PADDED, ShapeError
+from planner.ops import COL, KINDS_WITH_EXTRAS, OPS, X_PADDED, Extra, ShapeError
 
 SCALARS = (("loss", "float32"), ("lr", "float32"), ("step", "int64"), ("loss_scale", "float32"),
            ("overflow", "int32"), ("good_steps", "int32"), ("correct", "int32"),
@@ -311,6 +311,10 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
             continue
         extras = OPS[prim.kind].extras
         per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
+        if prim.kind == "conv" and per_variant[0]:
+            col = _col_workspace(s, prim, variant_shapes[0])
+            per_variant = [[(col, shape) for extra, shape in found if extra is COL and col is not None]
+                           for found in per_variant]
         if per_variant[0]:
             extras_of[position] = tuple((extra, {v: found[k][1] for v, found in zip(variants, per_variant)})
                                         for k, (extra, _) in enumerate(per_variant[0]))
@@ -319,6 +323,22 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
         extras_of[position] = extras_of.get(position, ()) + (
             (X_PADDED, {v: shapes[x][:3] + (channels,) for v, shapes in zip(variants, variant_shapes)}),)
     return extras_of
+
+
+def _col_workspace(s: Setting, prim, shapes) -> Extra | None:
+    """A convolution's im2col workspace (``COL``), in the phases whose CPU algorithm is im2col + GEMM
+    (`planner.conv_algorithm`: the forward's; the backward's when its weight gradient is one, or its input gradient
+    and the input needs one: not the network input), or None. The CUDA path (AMP plans) reads no workspace of
+    the kind."""
+    if s.arch.amp:
+        return None
+    cin = shapes[prim.inputs[0]][-1]
+    k, groups = prim.param("kernel"), prim.param("groups")
+    algorithms = conv_algorithms((prim.param("out_channels"), k, k, cin // groups), prim.param("stride"),
+                                 prim.param("padding"), groups)
+    backward = (algorithms.input_grad if prim.inputs[0] != NETWORK_INPUT else "direct", algorithms.weight_grad)
+    phases = ("f" if algorithms.forward == "gemm" else "") + ("b" if "gemm" in backward else "")
+    return Extra(COL.role, COL.dtype, COL.saved, phases) if phases else None
 
 
 def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,

@@ -32,11 +32,10 @@ def test_no_prediction_beats_the_assumed_tensor_core_peak(shape):
         assert simt.seconds > mma.seconds, kind
 
 
-def test_stems_have_no_input_gradient_a_scalar_staged_forward_and_simt_dgrad_pays_stride_squared():
-    stem = predict_conv(ConvShape("stem", 8, 32, 3, 64, 7, 2, 3, first=True))
-    assert set(stem) == {"forward", "wgrad"} and stem["wgrad"][0].bound == "instruction issue"
-    aligned = predict_conv(ConvShape("stem", 8, 32, 8, 64, 7, 2, 3, first=True))
-    assert stem["forward"][0].bound == "instruction issue" and stem["forward"][0].tflops < aligned["forward"][0].tflops
+def test_stems_have_no_input_gradient_run_padded_and_simt_dgrad_pays_stride_squared():
+    stem = predict_conv(ConvShape("stem", 8, 32, 8, 64, 7, 2, 3, first=True))   # 3 channels, as the AMP plan pads them
+    assert set(stem) == {"forward", "wgrad"} and all(mma is not None for mma, _ in stem.values())
+    assert conv_shapes(zoo_model("resnet50", 1000)(), 8, 224)[0].c_in == 8   # the model is given the padded channels
     strided = predict_conv(ConvShape("c", 8, 16, 64, 64, 3, 2, 1))
     assert strided["dgrad"][1].seconds - H200.launch_s == pytest.approx(4 * (strided["forward"][1].seconds - H200.launch_s))
 

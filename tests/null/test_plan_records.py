@@ -198,3 +198,27 @@ def test_every_unfused_convolution_records_its_cpu_algorithms():
     table = format_summary(plan, None)
     assert len(cpu_conv_algorithms(plan)) == 21
     assert "layer1.0.conv1" in table and "fwd direct, dx direct, dW direct" in table
+
+
+@pytest.mark.parametrize("model", ["resnet20", "resnet18", "mobilenet_v2"])
+def test_a_convolution_has_an_im2col_workspace_only_where_its_cpu_algorithm_is_gemm(model):
+    """An fp32 plan gives a convolution's forward op a ``COL`` workspace when its forward is im2col + GEMM, and its
+    backward op one when its weight gradient is, or its input gradient and the input needs one (not the network
+    input); an AMP plan (the CUDA path, which reads none) gives none."""
+    plan = compile_plan(model, False, True, 1)
+    seen = {"f": 0, "b": 0}
+    for graph in plan.graphs.values():
+        for op in graph.ops:
+            if op.kind != "conv":
+                continue
+            algorithms, x = op.attr("conv"), op.read(Role.X)
+            if op.direction == "forward":
+                want, phase = algorithms.forward == "gemm", "f"
+            else:
+                wants_dx = x != plan.io["input"]
+                want, phase = algorithms.weight_grad == "gemm" or (wants_dx and algorithms.input_grad == "gemm"), "b"
+            assert (op.written(Role.COL) is not None) == want, (op.name, op.direction, algorithms)
+            seen[phase] += want
+    assert seen["b"] and (seen["f"] or model == "mobilenet_v2"), seen   # (its one 3x3 groups-1 layer, the stem, is direct)
+    fused = compile_plan(model, True, True, 1)
+    assert not [t.name for t in fused.tensors if ":col_" in t.name]

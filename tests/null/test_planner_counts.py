@@ -92,8 +92,9 @@ def test_fusing_keeps_every_parameter_name_shape_and_region(name):
 # The allocator's placement orders against greedy by size alone (its first order, the only one
 # before them): (size alone, as planned) transient arena / lower bound, train plan at batch 2, every
 # zoo model unfused and fused AMP. Measured; a row missing here is (1.000, 1.000), arena == bound.
-# mobilenet_v3_small: see `planner._memory`'s docstring for why greedy by size misses there.
-PLACEMENT_ORDER_GAINS = {("mobilenet_v3_small", False): (1.116, 1.000)}
+# None is missing since the plans keep no unused im2col workspace (mobilenet_v3_small unfused was
+# (1.116, 1.000) before: `planner._memory`'s docstring says why).
+PLACEMENT_ORDER_GAINS: dict = {}
 ZOO_VARIANTS = [pytest.param(name, fuse, id=f"{name}-{'fused' if fuse else 'unfused'}")
                 for name in zoo.MODELS for fuse in (False, True)]
 
