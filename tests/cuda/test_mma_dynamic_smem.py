@@ -36,21 +36,20 @@ def stand_in_driver(monkeypatch):
 
 
 def test_the_wide_backward_tiles_take_dynamic_shared_memory_and_the_forward_does_not():
-    dgrad, wgrad = mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE, False]
+    dgrad, wgrad = mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE]
     assert WIDE in mma_dgrad.DGRAD_TILES and WIDE in mma_wgrad.WGRAD_TILES
     assert dgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, False, True) == 3 * (128 * 64 + 32 * 136 * 2) == 50688
     assert wgrad.dynamic_shared_bytes == pipeline_bytes(WIDE, True, True) == 52224
     assert MMA_KERNELS[f"mma_conv2d_forward_{WIDE.name}"].dynamic_shared_bytes == 0   # exactly 48 KB: static
     dynamic = {name for name, spec in MMA_KERNELS.items() if spec.dynamic_shared_bytes}
-    assert dynamic == {dgrad.name, wgrad.name, mma_wgrad.WGRAD[WIDE, True].name}
+    assert dynamic == {dgrad.name, wgrad.name}
 
 
 def test_the_wide_kernels_raise_their_own_byte_count(stand_in_driver):
-    for spec in (mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE, False], mma_wgrad.WGRAD[WIDE, True]):
+    for spec in (mma_dgrad.DGRAD[WIDE], mma_wgrad.WGRAD[WIDE]):
         assert dynamic_smem.raise_shared_limit(spec) and not dynamic_smem.raise_shared_limit(spec)
     assert [call[2:] for call in stand_in_driver] == [(50688, mma_dgrad.DGRAD[WIDE].name),
-                                                      (52224, mma_wgrad.WGRAD[WIDE, False].name),
-                                                      (52224, mma_wgrad.WGRAD[WIDE, True].name)]
+                                                      (52224, mma_wgrad.WGRAD[WIDE].name)]
 
 
 # ---- the launch path, on a stand-in kernel (records its launch configuration) ------------------------------------
