@@ -300,7 +300,7 @@ def fused_saved_values(layer: ArchLayer) -> set[int]:
     return saved
 
 
-def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
+def graph_extras(s: Setting, p: Persistent, graph: str) -> dict[int, tuple]:
     """Primitive position -> its extras as ((extra, {variant: shape}), ...) over the variants of a graph;
     only primitives that have extras are keys. A rule gives every variant the same extras in the same order."""
     variants = s.variants_of[graph]
@@ -312,7 +312,7 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
         extras = OPS[prim.kind].extras
         per_variant = [extras(prim, [shapes[i] for i in prim.inputs], shapes[prim.output]) for shapes in variant_shapes]
         if prim.kind == "conv" and per_variant[0]:
-            col = _col_workspace(s, prim, variant_shapes[0])
+            col = _col_workspace(s, prim, dict(p.conv_attrs[position])["conv"])
             per_variant = [[(col, shape) for extra, shape in found if extra is COL and col is not None]
                            for found in per_variant]
         if per_variant[0]:
@@ -325,17 +325,13 @@ def graph_extras(s: Setting, graph: str) -> dict[int, tuple]:
     return extras_of
 
 
-def _col_workspace(s: Setting, prim, shapes) -> Extra | None:
-    """A convolution's im2col workspace (``COL``), in the phases whose CPU algorithm is im2col + GEMM
-    (`planner.conv_algorithm`: the forward's; the backward's when its weight gradient is one, or its input gradient
-    and the input needs one: not the network input), or None. The CUDA path (AMP plans) reads no workspace of
-    the kind."""
+def _col_workspace(s: Setting, prim, algorithms) -> Extra | None:
+    """A convolution's im2col workspace (``COL``), in the phases whose CPU algorithm (the plan's ``conv`` attr,
+    `planner.conv_algorithm`) is im2col + GEMM: the forward's; the backward's when its weight gradient is one, or
+    its input gradient and the input needs one (not the network input); or None. The CUDA path (AMP plans) reads
+    no workspace of the kind."""
     if s.arch.amp:
         return None
-    cin = shapes[prim.inputs[0]][-1]
-    k, groups = prim.param("kernel"), prim.param("groups")
-    algorithms = conv_algorithms((prim.param("out_channels"), k, k, cin // groups), prim.param("stride"),
-                                 prim.param("padding"), groups)
     backward = (algorithms.input_grad if prim.inputs[0] != NETWORK_INPUT else "direct", algorithms.weight_grad)
     phases = ("f" if algorithms.forward == "gemm" else "") + ("b" if "gemm" in backward else "")
     return Extra(COL.role, COL.dtype, COL.saved, phases) if phases else None
@@ -584,7 +580,7 @@ def build_graph(s: Setting, p: Persistent, graph: str, first: int) -> tuple[Comp
     """The schedule of `graph` ("train": forward, loss, backward, optimizer; "eval": forward, loss) and
     the step-local tensors it made, with ids from `first`."""
     train = graph == "train"
-    extras_of = graph_extras(s, graph)
+    extras_of = graph_extras(s, p, graph)
     values = value_tensors(s, p, graph, saved_values(s) if train else frozenset(), first)
     forward = forward_ops(s, p, values, extras_of, graph, first + len(values.tensors))
     loss = loss_op(s, p, graph, len(forward.ops), first + len(values.tensors) + len(forward.tensors))
