@@ -1,12 +1,124 @@
 """Fully connected layer, ``y = x @ W.T + b`` with ``W`` of shape ``(out, in)`` (PyTorch's layout).
 
-Whole-matrix products go straight to numpy's ``matmul`` (its BLAS parallelises itself);
-only the bias reduction is a numba kernel.
+The three products (``y = x @ W.T``, ``dW = dy.T @ x``, ``dx = dy @ W``) run on numba's thread pool, like the
+convolutions' GEMMs (`cpu_ref._conv`): each partition multiplies its slice of the output *columns* (of ``dW``,
+its rows) with a single-threaded SciPy BLAS call (`one_blas_thread`), so that the batch's rows stay whole
+(128 rows cut in two made the GEMMs 5-30% slower) and no second thread pool runs next to numba's. numpy's
+``matmul`` on its own multi-threaded OpenBLAS was as fast in isolation, but OpenBLAS's idle workers spin for
+tens of milliseconds after each call, on the cores numba's threads need next: resnet50's eval forward (batch
+8, 2 threads) ran 8% slower back to back than with a pause between steps, from its one ``fc`` layer.
+
+A column slice is not contiguous, and numba's ``np.dot`` takes contiguous arrays only, so the partitions call
+``sgemm`` of ``scipy.linalg.cython_blas`` with leading dimensions (`_sgemm`). Without SciPy's thread control
+(`cpu_ref._blas`) there is one partition and the BLAS parallelises itself. The bias reduction is a numba
+kernel with per-partition float64 sums, added in partition order.
 """
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import get_cython_function_address, intrinsic
 
+from cpu_ref._blas import BLAS_THREADS, one_blas_thread
+from cpu_ref._conv import MACS_PER_ELEMENT
 from cpu_ref._misc import partition, partitions, run_partitioned
+
+#: ``sgemm`` of SciPy's BLAS (the library `cpu_ref._blas` pins), passed to the kernels as an integer: a
+#: function pointer held as a global would keep numba from caching them.
+SGEMM_ADDRESS = get_cython_function_address("scipy.linalg.cython_blas", "sgemm")
+_N, _T = ord("N"), ord("T")
+
+
+@intrinsic
+def _sgemm(typingctx, address, trans_a, trans_b, m, n, k, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc):
+    """Row-major ``C[m, n] = op(A) @ op(B) + beta * C`` (``alpha`` 1), ``op`` per ``trans_*`` (``ord("N")`` or
+    ``ord("T")``), on the matrices that start at element ``*_at`` of the 1-D float32 arrays ``a``, ``b``, ``c``
+    with row strides ``lda``, ``ldb``, ``ldc``. BLAS is column-major: a row-major ``C = op(A) op(B)`` is the
+    column-major ``C.T = op(B).T op(A).T``, so the call swaps the operands and their sizes. No bounds checks."""
+    def codegen(context, builder, sig, args):
+        ptr = ir.IntType(8).as_pointer()
+
+        def scalar(index, to_type):
+            value = context.cast(builder, args[index], sig.args[index], to_type)
+            slot = cgutils.alloca_once_value(builder, value)
+            return builder.bitcast(slot, ptr)
+
+        def element(index):   # the address of array args[index] at element args[index + 1]
+            data = context.make_array(sig.args[index])(context, builder, args[index]).data
+            at = context.cast(builder, args[index + 1], sig.args[index + 1], types.intp)
+            return builder.bitcast(builder.gep(data, [at]), ptr)
+
+        one = cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 1.0))
+        fn = builder.inttoptr(args[0], ir.FunctionType(ir.VoidType(), [ptr] * 13).as_pointer())
+        builder.call(fn, [scalar(2, types.int8), scalar(1, types.int8), scalar(4, types.int32), scalar(3, types.int32),
+                          scalar(5, types.int32), builder.bitcast(one, ptr), element(9), scalar(11, types.int32),
+                          element(6), scalar(8, types.int32), scalar(12, types.float32), element(13),
+                          scalar(15, types.int32)])
+        return context.get_dummy_value()
+    integers = (address, trans_a, trans_b, m, n, k, a_at, lda, b_at, ldb, c_at, ldc)
+    arrays = (a, b, c)
+    if not (all(isinstance(t, types.Integer) for t in integers)
+            and all(isinstance(t, types.Array) and t.dtype == types.float32 and t.ndim == 1 for t in arrays)
+            and isinstance(beta, types.Float)):
+        return None
+    return types.none(address, trans_a, trans_b, m, n, k, a, a_at, lda, b, b_at, ldb, beta, c, c_at, ldc), codegen
+
+
+@njit(cache=True)
+def _product_span(address, x, w, dy, out, m, k, n, beta, kind, t, nparts):
+    """Partition ``t`` of one product into ``out`` (all arrays 1-D views of C-contiguous matrices; ``x`` is
+    ``(m, k)``, ``w`` ``(n, k)``, ``dy`` ``(m, n)``):
+
+    - ``kind`` 0, ``y = x @ W.T``: columns of ``y`` (``out`` ``(m, n)``);
+    - ``kind`` 1, ``dW = dy.T @ x``: rows of ``dW`` (``out`` ``(n, k)``);
+    - ``kind`` 2, ``dx = dy @ W + beta * dx``: columns of ``dx`` (``out`` ``(m, k)``).
+    """
+    if kind == 0:
+        lo, hi = partition(n, t, nparts)
+        if hi > lo:
+            _sgemm(address, _N, _T, m, hi - lo, k, x, 0, k, w, lo * k, k, beta, out, lo, n)
+    elif kind == 1:
+        lo, hi = partition(n, t, nparts)
+        if hi > lo:
+            _sgemm(address, _T, _N, hi - lo, k, m, dy, lo, n, x, 0, k, beta, out, lo * k, k)
+    else:
+        lo, hi = partition(k, t, nparts)
+        if hi > lo:
+            _sgemm(address, _N, _N, m, hi - lo, n, dy, 0, n, w, lo, k, beta, out, lo, k)
+
+
+@njit(cache=True, parallel=True)
+def _product_parallel(address, x, w, dy, out, m, k, n, beta, kind, nparts):
+    for t in prange(nparts):
+        _product_span(address, x, w, dy, out, m, k, n, beta, kind, t, nparts)
+
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def _product(kind, x2d, w, dy, out, accumulate=False):
+    """One of `_product_span`'s products into ``out``, one partition per thread of its split dimension; the
+    pool wakes for large products only (`run_partitioned`), and each partition's BLAS call is single-threaded."""
+    n, k = w.shape
+    m = dy.shape[0] if x2d is None else x2d.shape[0]
+    args = (SGEMM_ADDRESS, _flat(x2d), _flat(w), _flat(dy), _flat(out), m, k, n, np.float32(accumulate), kind)
+    if BLAS_THREADS is None:   # cannot pin SciPy's BLAS: one call, which the BLAS parallelises itself
+        _product_span(*args, 0, 1)
+        return
+    with one_blas_thread():
+        run_partitioned(_product_span, _product_parallel, partitions(k if kind == 2 else n), m * n * k // MACS_PER_ELEMENT,
+                        *args)
+
+
+def _flat(a):
+    if a is None:
+        return _EMPTY
+    if not a.flags.c_contiguous:
+        raise ValueError(f"cpu_ref linear kernels expect C-contiguous arrays; got strides {a.strides} for shape "
+                         f"{a.shape}")
+    if a.dtype != np.float32:
+        raise TypeError(f"cpu_ref linear kernels expect float32 arrays; got {a.dtype}")
+    return a.reshape(-1)
 
 
 @njit(cache=True)
@@ -37,19 +149,23 @@ def _column_sums(a, out):
 
 
 def linear_forward(x2d, w, b, y):
-    np.matmul(x2d, w.T, out=y)
+    """``y = x2d @ w.T (+ b)``; ``x2d`` ``(M, in)``, ``w`` ``(out, in)``, ``y`` ``(M, out)``, all C-contiguous."""
+    _product(0, x2d, w, None, _checked_out(y, (x2d.shape[0], w.shape[0])))
     if b is not None:
         y += b
 
 
 def linear_backward(x2d, w, dy, dx, dw, db, accumulate):
-    """``dw = dy.T @ x`` and ``db = dy.sum(0)`` (overwritten); ``dx = dy @ W`` (skipped when ``None``)."""
-    np.matmul(dy.T, x2d, out=dw)
+    """``dw = dy.T @ x`` and ``db = dy.sum(0)`` (overwritten); ``dx = dy @ W`` (skipped when ``None``; added into
+    when ``accumulate``)."""
+    _product(1, x2d, w, dy, _checked_out(dw, w.shape))
     if db is not None:
         _column_sums(dy, db)
-    if dx is None:
-        return
-    if accumulate:
-        dx += dy @ w
-    else:
-        np.matmul(dy, w, out=dx)
+    if dx is not None:
+        _product(2, None, w, dy, _checked_out(dx, (dy.shape[0], w.shape[1])), accumulate)
+
+
+def _checked_out(a, shape):
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"cpu_ref linear kernels: an output of shape {tuple(a.shape)}, expected {tuple(shape)}")
+    return a
