@@ -60,6 +60,7 @@ class CpuExecutor(ExecutorBase):
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
         self._eval_epilogues = eval_epilogues
+        self.threaded_linear = threaded_linear(plan)
         self._chains: dict[tuple[str, str], dict[int, _Chain | None]] = {}
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
@@ -156,6 +157,23 @@ class CpuExecutor(ExecutorBase):
                             f"of {sorted(t.__name__ for t in OPTIMIZER_UPDATES)} "
                             f"(cpu_ref/_executor.py OPTIMIZER_UPDATES)")
         update(self, self._regions["params"], self._regions["grads"], self._regions["optim"])
+
+
+#: Share of a plan's multiply-adds in its fully connected layers from which they run on numpy's multi-threaded BLAS
+#: rather than partitioned on numba's pool (`cpu_ref._linear`'s header). An MLP spends nearly all its step in them
+#: and gains from OpenBLAS's own threading: the 784-1024-512-256-10 step at batch 128, 2 threads, took 6.1-6.6 ms
+#: threaded against 6.7-6.9 partitioned (AVX-512), 5.8-6.3 against 6.9-8.8 with OpenBLAS's Haswell kernels. A
+#: network of convolutions (resnet50: 0.05% of its multiply-adds in its ``fc``) loses more to the idle BLAS workers
+#: spinning beside numba's threads: its eval forward at batch 8 took 455-489 ms threaded, 398-419 partitioned.
+THREADED_LINEAR_SHARE = 0.5
+
+
+def threaded_linear(plan) -> bool:
+    """Whether ``plan``'s fully connected layers run threaded (``THREADED_LINEAR_SHARE``): a rule of the plan, the
+    same on every run."""
+    total = sum(plan.macs_per_sample.values())
+    linear = sum(macs for position, macs in plan.macs_per_sample.items() if plan.primitives[position].kind == Prim.FC)
+    return total > 0 and linear >= THREADED_LINEAR_SHARE * total
 
 
 def _sgd_update(ex, params, grads, state):
@@ -346,7 +364,7 @@ def _flatten_fwd(ex, layer, op, views):
 @CPU.implements(Prim.FC, "forward")
 def _fc_fwd(ex, layer, op, views):
     K.linear_forward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS),
-                     _v(op, views, Role.Y, True))
+                     _v(op, views, Role.Y, True), ex.threaded_linear)
 
 
 @CPU.implements(Prim.MAXPOOL, "forward")
@@ -441,7 +459,7 @@ def _flatten_bwd(ex, layer, op, views):
 def _fc_bwd(ex, layer, op, views):
     K.linear_backward(_v(op, views, Role.X), _v(op, views, Role.WEIGHT), _v(op, views, Role.DY),
                       _v(op, views, Role.DX, True), _v(op, views, Role.DWEIGHT, True), _v(op, views, Role.DBIAS, True),
-                      _acc(op))
+                      _acc(op), ex.threaded_linear)
 
 
 @CPU.implements(Prim.MAXPOOL, "backward")

@@ -1,17 +1,23 @@
 """Fully connected layer, ``y = x @ W.T + b`` with ``W`` of shape ``(out, in)`` (PyTorch's layout).
 
-The three products (``y = x @ W.T``, ``dW = dy.T @ x``, ``dx = dy @ W``) run on numba's thread pool, like the
-convolutions' GEMMs (`cpu_ref._conv`): each partition multiplies its slice of the output *columns* (of ``dW``,
-its rows) with a single-threaded SciPy BLAS call (`one_blas_thread`), so that the batch's rows stay whole
-(128 rows cut in two made the GEMMs 5-30% slower) and no second thread pool runs next to numba's. numpy's
-``matmul`` on its own multi-threaded OpenBLAS was as fast in isolation, but OpenBLAS's idle workers spin for
-tens of milliseconds after each call, on the cores numba's threads need next: resnet50's eval forward (batch
-8, 2 threads) ran 8% slower back to back than with a pause between steps, from its one ``fc`` layer.
+The three products (``y = x @ W.T``, ``dW = dy.T @ x``, ``dx = dy @ W``) run one of two ways, which the executor
+chooses per plan (`cpu_ref._executor.threaded_linear`):
 
-A column slice is not contiguous, and numba's ``np.dot`` takes contiguous arrays only, so the partitions call
-``sgemm`` of ``scipy.linalg.cython_blas`` with leading dimensions (`_sgemm`). Without SciPy's thread control
-(`cpu_ref._blas`) there is one partition and the BLAS parallelises itself. The bias reduction is a numba
-kernel with per-partition float64 sums, added in partition order.
+- **partitioned** (``threaded=False``), as the convolutions' GEMMs (`cpu_ref._conv`): on numba's thread pool,
+  each partition multiplying its slice of the output *columns* (of ``dW``, its rows) with a single-threaded SciPy
+  BLAS call (`one_blas_thread`), so that the batch's rows stay whole (128 rows cut in two made the GEMMs 5-30%
+  slower) and no second thread pool runs next to numba's. A column slice is not contiguous and numba's ``np.dot``
+  takes contiguous arrays only, so the partitions call ``sgemm`` of ``scipy.linalg.cython_blas`` with leading
+  dimensions (`_sgemm`).
+- **threaded** (``threaded=True``): numpy's ``matmul`` on its own multi-threaded OpenBLAS, which shares the packed
+  operands between its threads: on the MLP's 128-row products it was 10-35% faster than the partitions (2 threads,
+  Zen 4, more so with the Haswell kernels). But OpenBLAS's idle workers spin for tens of milliseconds after each
+  call, on the cores numba's threads need next: resnet50's eval forward (batch 8, 2 threads) ran 12% slower back to
+  back with its one ``fc`` layer threaded.
+
+Without SciPy's thread control (`cpu_ref._blas`) the partitioned products make one call, which the BLAS
+parallelises itself. The bias reduction is a numba kernel with per-partition float64 sums, added in
+partition order.
 """
 import numpy as np
 from llvmlite import ir
@@ -148,21 +154,37 @@ def _column_sums(a, out):
     out[:] = parts.sum(axis=0)
 
 
-def linear_forward(x2d, w, b, y):
-    """``y = x2d @ w.T (+ b)``; ``x2d`` ``(M, in)``, ``w`` ``(out, in)``, ``y`` ``(M, out)``, all C-contiguous."""
-    _product(0, x2d, w, None, _checked_out(y, (x2d.shape[0], w.shape[0])))
+def linear_forward(x2d, w, b, y, threaded=False):
+    """``y = x2d @ w.T (+ b)``; ``x2d`` ``(M, in)``, ``w`` ``(out, in)``, ``y`` ``(M, out)``, all C-contiguous.
+    ``threaded``: numpy's multi-threaded BLAS instead of the partitions (see the module header)."""
+    _checked_out(y, (x2d.shape[0], w.shape[0]))
+    if threaded:
+        np.matmul(x2d, w.T, out=y)
+    else:
+        _product(0, x2d, w, None, y)
     if b is not None:
         y += b
 
 
-def linear_backward(x2d, w, dy, dx, dw, db, accumulate):
+def linear_backward(x2d, w, dy, dx, dw, db, accumulate, threaded=False):
     """``dw = dy.T @ x`` and ``db = dy.sum(0)`` (overwritten); ``dx = dy @ W`` (skipped when ``None``; added into
-    when ``accumulate``)."""
-    _product(1, x2d, w, dy, _checked_out(dw, w.shape))
+    when ``accumulate``). ``threaded``: as for `linear_forward`."""
+    _checked_out(dw, w.shape)
+    if threaded:
+        np.matmul(dy.T, x2d, out=dw)
+    else:
+        _product(1, x2d, w, dy, dw)
     if db is not None:
         _column_sums(dy, db)
-    if dx is not None:
-        _product(2, None, w, dy, _checked_out(dx, (dy.shape[0], w.shape[1])), accumulate)
+    if dx is None:
+        return
+    _checked_out(dx, (dy.shape[0], w.shape[1]))
+    if not threaded:
+        _product(2, None, w, dy, dx, accumulate)
+    elif accumulate:
+        dx += dy @ w
+    else:
+        np.matmul(dy, w, out=dx)
 
 
 def _checked_out(a, shape):

@@ -6,7 +6,11 @@ partition gives errors of the size of the values themselves."""
 import numpy as np
 import pytest
 
-from cpu_ref import _linear
+from blueprint import BluePrint, cbr, fc, gap, seq, zoo
+from cpu_ref import CpuExecutor, _linear
+from cpu_ref import kernels as K
+from planner import ArchPlan
+from planner.compiler import Compiler
 from cpu_ref._linear import SGEMM_ADDRESS, _product_span, linear_backward, linear_forward
 
 #: (rows, in, out): odd sizes so partitions are uneven; the last two are large enough (>= 4M multiply-adds) for
@@ -30,20 +34,21 @@ def _data(m, k, n):
             rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32))
 
 
+@pytest.mark.parametrize("threaded", [False, True])
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_products_against_float64(m, k, n):
+def test_products_against_float64(m, k, n, threaded):
     x, w, b, dy = _data(m, k, n)
     x64, w64, dy64 = x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64)
     y = np.full((m, n), np.nan, np.float32)
-    linear_forward(x, w, b, y)
+    linear_forward(x, w, b, y, threaded)
     _close(y - b, x64, w64.T, k)   # the bias add is one rounding more: within the bound's margin
     dx, dw, db = (np.full(s, np.nan, np.float32) for s in ((m, k), (n, k), (n,)))
-    linear_backward(x, w, dy, dx, dw, db, accumulate=False)
+    linear_backward(x, w, dy, dx, dw, db, False, threaded)
     _close(dw, dy64.T, x64, m)
     _close(dx, dy64, w64, n)
     np.testing.assert_allclose(db, dy64.sum(0), rtol=0, atol=m * 2.0 ** -23 * np.abs(dy64).sum(0).max())
     before = dx.copy()
-    linear_backward(x, w, dy, dx, dw, None, accumulate=True)
+    linear_backward(x, w, dy, dx, dw, None, True, threaded)
     np.testing.assert_array_equal(dx, before + before)   # adds the same product (beta 1): exactly twice
 
 
@@ -98,3 +103,22 @@ def test_one_pool_only():
     finally:
         _linear.run_partitioned = original
     assert seen == [1] and get() == before
+
+
+@pytest.mark.parametrize("name,bp,threaded", [
+    ("mlp", zoo.mlp([12, 16, 8, 3]), True),
+    ("convolutions", BluePrint(seq(cbr(8, 3, 1, 1), gap(), fc(3))), False),
+])
+def test_executor_chooses_by_the_plan(name, bp, threaded, monkeypatch):
+    """An MLP's fully connected layers run on the threaded BLAS, a convolutional network's partitioned
+    (`cpu_ref._executor.THREADED_LINEAR_SHARE`), in the forward and the backward."""
+    shape = (4, 1, 1, 12) if name == "mlp" else (4, 6, 6, 3)
+    plan = Compiler(ArchPlan.from_blueprint(bp, in_channels=shape[3])).compile({"train": shape, "eval": shape})
+    seen = []
+    for fn in ("linear_forward", "linear_backward"):
+        original = getattr(K, fn)
+        monkeypatch.setattr(K, fn, lambda *a, _f=original, _n=fn: (seen.append((_n, a[-1])), _f(*a))[1])
+    ex = CpuExecutor(plan, seed=0)
+    ex.train_step(np.ones(shape, np.float32), np.zeros(4, np.int64), 0.01)
+    assert {n for n, _ in seen} == {"linear_forward", "linear_backward"}
+    assert all(flag is threaded for _, flag in seen), seen
