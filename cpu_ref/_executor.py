@@ -161,10 +161,11 @@ class CpuExecutor(ExecutorBase):
 
 #: Share of a plan's multiply-adds in its fully connected layers from which they run on numpy's multi-threaded BLAS
 #: rather than partitioned on numba's pool (`cpu_ref._linear`'s header). An MLP spends nearly all its step in them
-#: and gains from OpenBLAS's own threading: the 784-1024-512-256-10 step at batch 128, 2 threads, took 6.1-6.6 ms
-#: threaded against 6.7-6.9 partitioned (AVX-512), 5.8-6.3 against 6.9-8.8 with OpenBLAS's Haswell kernels. A
+#: and gains from OpenBLAS's own threading: the 784-1024-512-256-10 step at batch 128, 2 threads, took 6.3-6.6 ms
+#: threaded against 6.7-6.9 partitioned (AVX-512), 6.1-6.3 against 7.0-8.8 with OpenBLAS's Haswell kernels. A
 #: network of convolutions (resnet50: 0.05% of its multiply-adds in its ``fc``) loses more to the idle BLAS workers
-#: spinning beside numba's threads: its eval forward at batch 8 took 455-489 ms threaded, 398-419 partitioned.
+#: spinning beside numba's threads: its eval forward at batch 8 took 446-489 ms threaded, 398-419 partitioned
+#: (medians of steps, each version in its own processes, alternated; benchmarks/RESULTS.md).
 THREADED_LINEAR_SHARE = 0.5
 
 

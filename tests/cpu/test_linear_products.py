@@ -9,10 +9,10 @@ import pytest
 from blueprint import BluePrint, cbr, fc, gap, seq, zoo
 from cpu_ref import CpuExecutor, _linear
 from cpu_ref import kernels as K
-from planner import ArchPlan
-from planner.compiler import Compiler
 from cpu_ref._linear import SGEMM_ADDRESS, _product_span
 from cpu_ref.kernels import linear_backward, linear_forward
+from planner import ArchPlan
+from planner.compiler import Compiler
 
 #: (rows, in, out): odd sizes so partitions are uneven; the last two are large enough (>= 4M multiply-adds) for
 #: the thread pool where it has more than one thread.
