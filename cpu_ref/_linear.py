@@ -27,7 +27,7 @@ from numba.extending import get_cython_function_address, intrinsic
 
 from cpu_ref._blas import BLAS_THREADS, one_blas_thread
 from cpu_ref._conv import MACS_PER_ELEMENT
-from cpu_ref._misc import partition, partitions, run_partitioned
+from cpu_ref._misc import flat, partition, partitions, run_partitioned
 
 #: ``sgemm`` of SciPy's BLAS (the library `cpu_ref._blas` pins), passed to the kernels as an integer: a
 #: function pointer held as a global would keep numba from caching them.
@@ -117,14 +117,12 @@ def _product(kind, x2d, w, dy, out, accumulate=False):
 
 
 def _flat(a):
+    """`cpu_ref._misc.flat` of a float32 array (the products' operands), or an empty one for ``None``."""
     if a is None:
         return _EMPTY
-    if not a.flags.c_contiguous:
-        raise ValueError(f"cpu_ref linear kernels expect C-contiguous arrays; got strides {a.strides} for shape "
-                         f"{a.shape}")
     if a.dtype != np.float32:
         raise TypeError(f"cpu_ref linear kernels expect float32 arrays; got {a.dtype}")
-    return a.reshape(-1)
+    return flat(a)
 
 
 @njit(cache=True)
@@ -190,4 +188,3 @@ def linear_backward(x2d, w, dy, dx, dw, db, accumulate, threaded=False):
 def _checked_out(a, shape):
     if tuple(a.shape) != tuple(shape):
         raise ValueError(f"cpu_ref linear kernels: an output of shape {tuple(a.shape)}, expected {tuple(shape)}")
-    return a

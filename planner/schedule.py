@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner._arch import FUSED, NETWORK_INPUT, ArchLayer, ArchPlan
 from planner.plan import (
@@ -334,7 +334,7 @@ def _col_workspace(s: Setting, prim, algorithms) -> Extra | None:
         return None
     backward = (algorithms.input_grad if prim.inputs[0] != NETWORK_INPUT else "direct", algorithms.weight_grad)
     phases = ("f" if algorithms.forward == "gemm" else "") + ("b" if "gemm" in backward else "")
-    return Extra(COL.role, COL.dtype, COL.saved, phases) if phases else None
+    return replace(COL, phases=phases) if phases else None
 
 
 def _extra_tensors(s: Setting, make: _TensorMaker, prim, extras, graph: str,
