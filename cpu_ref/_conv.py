@@ -1,6 +1,6 @@
 """conv2d forward and backward (NHWC activations, OHWI weights, fp32).
 
-Four algorithms, chosen from the shapes by a rule the plan records per layer (`planner.conv_algorithm`):
+Five algorithms, chosen from the shapes by a rule the plan records per layer (`planner.conv_algorithm`):
 - general: im2col of a chunk of output rows into the worker's slice of ``col``, then one
   BLAS GEMM per chunk (and group). A chunk is sized to stay in L2, so the im2col matrix
   never makes a round trip through memory, and smaller still where OpenBLAS has unpacked
@@ -9,6 +9,8 @@ Four algorithms, chosen from the shapes by a rule the plan records per layer (`p
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
+- winograd (`cpu_ref._conv_winograd`, forward only): F(2x2, 3x3) for 3x3 stride-1 padding-1 layers, 16 GEMMs
+  over transformed tiles, per chunk of output rows in per-thread workspaces.
 - direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow 3x3 (and
   wider) layers: the forward of those with 8, 16 or 32 output channels (64 with AVX-512), the input gradient
   of those with as many input channels, the weight gradient where the input gradient is direct too
@@ -33,6 +35,7 @@ from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
 from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weight_grad
+from cpu_ref._conv_winograd import POINTS, chunk_bands, weight_transform, winograd_parallel, winograd_span
 from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 from planner.conv_algorithm import conv_algorithms
@@ -421,6 +424,25 @@ def _run_pointwise(x, w, ymat, dx, backward, accumulate, epilogue=NONE):
     return dw_parts.sum(axis=0) if backward else None
 
 
+def _run_winograd(x, w, ymat, epilogue=NONE):
+    """The Winograd forward (3x3, stride 1, padding 1, groups 1), with an `Epilogue` or `NONE`. Its workspaces
+    (the transformed weight, and per partition a chunk of transformed input and output tiles) are its own."""
+    n, h, wd, cin = x.shape
+    cout = w.shape[0]
+    th, tw = (h + 1) // 2, (wd + 1) // 2
+    nparts, blas_context = _gemm_partitions(n * th)
+    small = SMALL_GEMM_MACS if BLAS_CORE in SMALL_GEMM_CORES else 0
+    bands = min(chunk_bands(tw, cin, cout, small), -(-n * th // nparts))
+    u = weight_transform(w)
+    slab = bands * tw + 1   # rows per point; one spare, so that the 16 points' rows never lie a power of 2 apart
+    v = np.empty((nparts, POINTS, slab, cin), np.float32)
+    m = np.empty((nparts, POINTS, slab, cout), np.float32)
+    r = np.empty((nparts, POINTS, cin), np.float32)
+    with blas_context:
+        run_partitioned(winograd_span, winograd_parallel, nparts, ymat.size * 9 * cin // MACS_PER_ELEMENT, x, u,
+                        ymat, v, m, r, bands, *epilogue)
+
+
 def _run_depthwise_forward(x, w, y, stride, pad):
     run_split(_depthwise_forward_span, _depthwise_forward_parallel, y.size * w.shape[1] * w.shape[2], x,
               _depthwise_weight(w), y, stride, pad)
@@ -446,13 +468,13 @@ def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=
     """``y = conv2d(x, w)``; x ``(N,H,W,Cin)``, w ``(Cout,KH,KW,Cin//groups)``, y ``(N,OH,OW,Cout)``.
     ``algorithms``: the plan's `ConvAlgorithms` for the layer (default: the rule of the shapes).
     ``epilogue``: a `cpu_ref._epilogue.Epilogue` whose result goes to ``epilogue.out`` (``y`` is then a
-    workspace: its contents are unspecified); groups 1 and the pointwise, direct or general algorithm only
-    (`epilogue_supported`)."""
+    workspace: its contents are unspecified); groups 1 and the pointwise, direct, winograd or general algorithm
+    only (`epilogue_supported`)."""
     cout = w.shape[0]
     algorithm = _algorithms(w, stride, pad, groups, algorithms).forward
     if epilogue is not None and not epilogue_supported(algorithm, groups):
-        raise ValueError(f"conv2d_forward: an epilogue needs groups 1 and the pointwise, direct or gemm algorithm; "
-                         f"got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by one)")
+        raise ValueError(f"conv2d_forward: an epilogue needs groups 1 and the pointwise, direct, winograd or gemm "
+                         f"algorithm; got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by one)")
     epilogue = NONE if epilogue is None else epilogue
     if algorithm == "depthwise":
         _run_depthwise_forward(x, w, y, stride, pad)
@@ -460,6 +482,12 @@ def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=
         _run_pointwise(x, w, y.reshape(-1, cout), None, False, False, epilogue)
     elif algorithm == "direct":
         direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT, epilogue)
+    elif algorithm == "winograd":
+        if w.shape[1:3] != (3, 3) or stride != 1 or pad != 1 or groups != 1:
+            raise ValueError(f"conv2d_forward: the winograd algorithm computes 3x3 convolutions of stride 1, padding 1 "
+                             f"and groups 1; got kernel {w.shape[1]}x{w.shape[2]}, stride {stride}, padding {pad}, "
+                             f"groups {groups} (let planner.conv_algorithm choose the algorithm)")
+        _run_winograd(x, w, y.reshape(-1, cout), epilogue)
     else:
         _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False, epilogue)
 
@@ -480,7 +508,7 @@ def forward_workspace_used(x_shape, w_shape, stride, pad, groups, algorithm):
 
 def epilogue_supported(algorithm, groups):
     """Whether `conv2d_forward` takes an epilogue for a layer of ``groups`` computed by ``algorithm``."""
-    return groups == 1 and algorithm in ("pointwise", "direct", "gemm")
+    return groups == 1 and algorithm in ("pointwise", "direct", "winograd", "gemm")
 
 
 def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algorithms=None):

@@ -8,6 +8,8 @@ every run (and on every machine of the same vector width: the rule reads it, see
 - ``direct`` (`cpu_ref._conv_direct`): register-blocked NHWC loops for narrow 3x3 (and wider) layers,
   with 8, 16 or 32 channels (64 with AVX-512) in the vector lanes (output channels for the forward and the weight gradient,
   input channels for the input gradient); no workspace.
+- ``winograd`` (forward only, `cpu_ref._conv_winograd`): F(2x2, 3x3) for 3x3 stride-1 padding-1 layers of 64 to
+  256 channels (each side): 16 GEMMs over transformed 2x2 tiles, 2.25x fewer multiply-adds than the others.
 - ``gemm``: im2col + BLAS, the wide layers. Its backward computes the weight gradient in the same pass
   as the input gradient, so a layer whose input gradient is ``gemm`` takes its weight gradient there too.
 
@@ -38,10 +40,18 @@ FEW_INPUT_CHANNELS = 8
 #: ... where a block holds at least this many (column, channel) pairs: resnet50's stem (64 channels, 2 pairs a
 #: block with AVX-512) took 40 ms instead of GEMM's 25.
 MIN_FOLDED_PAIRS = 4
+#: Channels (input and output, each) of the layers whose forward is Winograd's: resnet50's 3x3 layers of 64, 128
+#: and 256 channels (batch 8, 2 threads, AVX-512) took 6.6-6.8, 5.2-5.3 and 5.5 ms instead of 8.7 (direct), 9.8
+#: and 9.5 (im2col + GEMM); with AVX2 and OpenBLAS's Haswell kernels 7.8, 6.2 and 6.6 instead of 8.9, 9.5 and 9.6;
+#: resnet20's 64-channel layers (batch 128, 8x8) 2.3-2.4 instead of 2.9 (AVX-512, direct) and even with AVX2. At
+#: 32 channels it gained little, at 16 it lost (2.7x slower), and at 512 the weight transform (16 MB written per
+#: step) cost more than resnet50's 7x7 layers gain.
+WINOGRAD_CHANNELS = (64, 256)
 
 
 class ConvAlgorithms(NamedTuple):
-    """The algorithm of each direction: ``depthwise``, ``pointwise``, ``direct`` or ``gemm``."""
+    """The algorithm of each direction: ``depthwise``, ``pointwise``, ``direct`` or ``gemm``; the forward may also be
+    ``winograd``."""
     forward: str
     input_grad: str
     weight_grad: str
@@ -106,7 +116,8 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     as many output channels, and either the input gradient direct too or fewer
     than ``FEW_INPUT_CHANNELS`` input channels and at most 16 output channels (32 with 32 registers), as the
     stems have (`_folded`). A stem's input gradient is not wanted; where a layer's is and runs by GEMM, that
-    pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`).
+    pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`). Winograd forward: 3x3, stride 1,
+    padding 1, groups 1, ``WINOGRAD_CHANNELS`` on both sides, whatever the register count.
     """
     cout, kh, kw, cin = w_shape
     if groups > 1 and groups == cout and cin == 1:
@@ -115,7 +126,15 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
         return ConvAlgorithms("pointwise", "pointwise", "pointwise")
     window = groups == 1 and kh * kw > 1
     forward = "direct" if window and _narrow(cout, registers) else "gemm"
+    if _winograd(w_shape, stride, pad, groups):
+        forward = "winograd"
     input_grad = "direct" if window and _narrow(cin, registers) else "gemm"
     weight_grad = ("direct" if window and (input_grad == "direct" or _folded(cin, cout, registers))
                    and _narrow(cout, registers) else "gemm")
     return ConvAlgorithms(forward, input_grad, weight_grad)
+
+
+def _winograd(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int) -> bool:
+    cout, kh, kw, cin = w_shape
+    low, high = WINOGRAD_CHANNELS
+    return kh == kw == 3 and stride == 1 and pad == 1 and groups == 1 and low <= cin <= high and low <= cout <= high

@@ -59,7 +59,7 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     ((16, 3, 3, 8), 1, 1, 1, ("direct", "direct", "direct")),
     ((12, 3, 3, 3), 1, 1, 1, ("gemm", "gemm", "gemm")),          # few inputs, but not whole 8-float vectors out
     ((32, 3, 3, 3), 1, 1, 1, ("direct", "gemm", "gemm")),        # 2 pairs per dW block in 16 registers: GEMM
-    ((64, 3, 3, 64), 1, 1, 1, ("gemm", "gemm", "gemm")),         # one pixel per block in 16 registers: GEMM
+    ((64, 3, 3, 64), 1, 1, 1, ("winograd", "gemm", "gemm")),     # one pixel per block in 16 registers: GEMM
     ((16, 3, 3, 16), 1, 1, 1, ("direct", "direct", "direct")),   # the narrow layers
     ((32, 3, 3, 16), 2, 1, 1, ("direct", "direct", "direct")),
     ((32, 3, 3, 32), 1, 1, 1, ("direct", "direct", "direct")),
@@ -79,10 +79,10 @@ def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorith
 
 
 @pytest.mark.parametrize("w_shape,stride,algorithms", [
-    ((64, 3, 3, 64), 1, ("direct", "direct", "direct")),   # 2-pixel blocks of 64 channels fit 32 registers
+    ((64, 3, 3, 64), 1, ("winograd", "direct", "direct")),  # 2-pixel blocks of 64 channels fit 32 registers
     ((64, 3, 3, 32), 2, ("direct", "direct", "direct")),
     ((16, 3, 3, 16), 1, ("direct", "direct", "direct")),
-    ((128, 3, 3, 64), 1, ("gemm", "direct", "gemm")),     # 128 channels: one pixel per block
+    ((128, 3, 3, 64), 1, ("winograd", "direct", "gemm")),  # 128 channels: one pixel per block
     ((48, 3, 3, 48), 1, ("gemm", "gemm", "gemm")),        # 48 or 40 channels: not a power of two of vectors
     ((40, 3, 3, 64), 2, ("gemm", "direct", "gemm")),
     ((64, 1, 1, 64), 2, ("gemm", "gemm", "gemm")),

@@ -1,6 +1,7 @@
 """The eval forward's convolution epilogue (`cpu_ref._epilogue`): BatchNorm with its running statistics, then
 optionally the residual add and ReLU, applied by the convolution to each block of its output, gives the same
-bits as the kernels run one by one, for each forward algorithm that takes one (pointwise, direct, im2col + GEMM),
+bits as the kernels run one by one, for each forward algorithm that takes one (pointwise, direct, Winograd,
+im2col + GEMM),
 each way the result reaches its tensor (scratch rows, in place, into a separate array), serially and on the
 thread pool; and the executor's chains (``eval_epilogues``) leave every zoo model's eval logits, loss and count
 unchanged, in the arena (where some chains' outputs overlap what the convolution still reads) and with separate
@@ -14,6 +15,7 @@ import pytest
 from blueprint import zoo
 from blueprint.optim import CrossEntropyLoss
 from cpu_ref import CpuExecutor
+from cpu_ref import _conv as C
 from cpu_ref import _misc
 from cpu_ref import kernels as K
 from planner import ArchPlan
@@ -27,7 +29,8 @@ F32 = np.float32
 CASES = [("pointwise", (2, 5, 6, 16), (24, 1, 1, 16), 1, 0),
          ("pointwise", (4, 40, 40, 8), (64, 1, 1, 8), 1, 0),   # 6400 rows: several chunks per partition
          ("direct", (2, 7, 9, 3), (16, 3, 3, 3), 1, 1),
-         ("gemm", (2, 6, 7, 16), (40, 3, 3, 16), 2, 1)]
+         ("gemm", (2, 6, 7, 16), (40, 3, 3, 16), 2, 1),
+         ("winograd", (3, 9, 8, 16), (24, 3, 3, 16), 1, 1)]   # in chunks of one band (the last one row high)
 
 
 def _case(algorithm, xs, ws, s, p, seed=0):
@@ -74,7 +77,10 @@ def pool(request, monkeypatch):
 @pytest.mark.parametrize("add, relu", [(False, False), (False, True), (True, False), (True, True)],
                          ids=["bn", "bn-relu", "bn-add", "bn-add-relu"])
 @pytest.mark.parametrize("into", ["scratch", "in place", "separate"])
-def test_the_epilogue_gives_the_bits_of_the_kernels_one_by_one(pool, algorithm, xs, ws, s, p, add, relu, into):
+def test_the_epilogue_gives_the_bits_of_the_kernels_one_by_one(pool, algorithm, xs, ws, s, p, add, relu, into,
+                                                                monkeypatch):
+    if algorithm == "winograd":   # several chunks per partition: the scratch rows are reused
+        monkeypatch.setattr(C, "chunk_bands", lambda *shape: 1)
     x, w, bn, residual, col, y_shape, algorithms = _case(algorithm, xs, ws, s, p)
     want = _one_by_one(x, w, bn, residual, col, y_shape, algorithms, s, p, add, relu)
     y = np.full(y_shape, np.nan, F32)
@@ -88,7 +94,7 @@ def test_the_epilogue_gives_the_bits_of_the_kernels_one_by_one(pool, algorithm, 
 
 def test_an_epilogue_is_refused_where_the_algorithm_has_none():
     x, w = np.ones((1, 4, 4, 8), F32), np.ones((8, 3, 3, 1), F32)
-    with pytest.raises(ValueError, match="groups 1 and the pointwise, direct or gemm algorithm; got groups 8"):
+    with pytest.raises(ValueError, match="groups 1 and the pointwise, direct, winograd or gemm algorithm; got groups 8"):
         K.conv2d_forward(x, w, np.empty((1, 4, 4, 8), F32), 1, 1, 8, np.zeros((0, 0), F32), None,
                          K.Epilogue(np.ones(8, F32), np.zeros(8, F32), np.zeros((0, 0), F32), False,
                                     np.empty((16, 8), F32), False))

@@ -38,6 +38,7 @@ ALLOWED = {
     "cpu_ref._blas": "white-box CPU kernel tests",
     "cpu_ref._conv": "white-box CPU kernel tests",
     "cpu_ref._conv_direct": "white-box CPU kernel tests",
+    "cpu_ref._conv_winograd": "white-box CPU kernel tests (chunks, partitions and the weight transform)",
     "cpu_ref._epilogue": "white-box CPU kernel tests (the no-epilogue argument a span takes)",
     "cpu_ref._linear": "white-box CPU kernel tests (the partitions of the fully connected layer's products)",
     "cpu_ref._misc": "white-box CPU kernel tests",

@@ -1,0 +1,139 @@
+"""The Winograd forward (`cpu_ref._conv_winograd`) against the float64 reference: odd and even image sizes (the
+last tile cut off), images smaller than a tile, channel counts that fill no vector, several samples; chunks of one
+band to all of a partition's, one to three partitions, serially and on the thread pool (the same bits); the weight
+transform against ``G g G^T`` in float64; the rule that sends a layer there and the kernels' refusal of a shape it
+cannot compute."""
+import numpy as np
+import pytest
+
+from cpu_ref import _conv as C
+from cpu_ref import _conv_winograd as WG
+from cpu_ref import kernels as K
+from cpu_ref._epilogue import NONE
+from planner import reference as R
+from planner.conv_algorithm import WINOGRAD_CHANNELS, ConvAlgorithms, conv_algorithms
+
+F32 = np.float32
+TOL = 1e-5   # as the direct kernels' (tests/cpu/test_conv_direct.py): fp32 sums of at most 3*3*64 products
+WINOGRAD = ConvAlgorithms("winograd", "gemm", "gemm")
+
+CASES = [
+    # n, h, w, cin, cout
+    (2, 7, 9, 16, 8),      # odd height and width: the last row and column of tiles are cut off
+    (1, 6, 6, 64, 64),     # even: whole tiles
+    (3, 5, 2, 3, 5),       # channels that fill no 8-float vector; an image one tile wide
+    (1, 1, 1, 8, 8),       # one pixel: a tile with one output and 3 of its 4 input rows and columns padding
+    (2, 2, 3, 24, 40),
+    (1, 14, 14, 256, 64),  # more input than output channels (a chunk of one band with small-matrix kernels)
+]
+
+
+def _inputs(n, h, w, cin, cout, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, h, w, cin)).astype(F32), rng.standard_normal((cout, 3, 3, cin)).astype(F32)
+
+
+def _reference(x, wt):
+    return R.conv2d_forward(x.astype(np.float64), wt.astype(np.float64), 1, 1, 1)
+
+
+def _assert_close(y, want):
+    np.testing.assert_allclose(y, want, rtol=TOL, atol=TOL * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("n,h,w,cin,cout", CASES)
+def test_the_winograd_forward_matches_the_reference(n, h, w, cin, cout):
+    x, wt = _inputs(n, h, w, cin, cout)
+    y = np.full((n, h, w, cout), np.nan, F32)   # every element must be written
+    K.conv2d_forward(x, wt, y, 1, 1, 1, None, WINOGRAD)
+    _assert_close(y, _reference(x, wt))
+
+
+def _run(x, wt, bands, nparts, pooled):
+    n, h, w, cin = x.shape
+    cout = wt.shape[0]
+    tiles = bands * ((w + 1) // 2)
+    u = WG.weight_transform(wt)
+    v = np.empty((nparts, WG.POINTS, tiles, cin), F32)
+    m = np.empty((nparts, WG.POINTS, tiles, cout), F32)
+    r = np.empty((nparts, WG.POINTS, cin), F32)
+    y = np.full((n, h, w, cout), np.nan, F32)
+    if pooled:
+        WG.winograd_parallel(x, u, y.reshape(-1, cout), v, m, r, bands, *NONE, nparts)
+    else:
+        for t in range(nparts):
+            WG.winograd_span(x, u, y.reshape(-1, cout), v, m, r, bands, *NONE, t, nparts)
+    return y
+
+
+@pytest.mark.parametrize("bands", [1, 2, 5, 100])
+@pytest.mark.parametrize("nparts", [1, 2, 3])
+def test_any_chunk_and_partition_gives_the_result_and_the_pool_the_same_bits(bands, nparts):
+    x, wt = _inputs(3, 9, 7, 16, 16, seed=1)   # 15 bands of 4 tiles, the last of each sample one row high
+    serial = _run(x, wt, bands, nparts, pooled=False)
+    _assert_close(serial, _reference(x, wt))
+    assert serial.tobytes() == _run(x, wt, bands, nparts, pooled=True).tobytes()
+
+
+def test_the_weight_transform_is_g_g_gt():
+    rng = np.random.default_rng(2)
+    wt = rng.standard_normal((24, 3, 3, 40)).astype(F32)
+    g = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    want = np.einsum("ai,oijc,bj->abco", g, wt.astype(np.float64), g).reshape(16, 40, 24)
+    np.testing.assert_allclose(WG.weight_transform(wt), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("tiles_per_band,cin,cout,small,bands", [
+    (7, 256, 256, 1_000_000, 2),     # small-matrix kernels: 15 tiles of 256x256 stay under a million MACs
+    (28, 64, 64, 1_000_000, 8),
+    (7, 256, 256, 0, 36),            # packed kernels: 256 tiles, whatever the channels
+    (14, 64, 64, 0, 18),
+    (8, 512, 512, 1_000_000, 1),     # never less than one band
+])
+def test_the_chunk_follows_the_blas(tiles_per_band, cin, cout, small, bands):
+    assert WG.chunk_bands(tiles_per_band, cin, cout, small) == bands
+
+
+@pytest.mark.parametrize("w_shape,stride,pad,groups,forward", [
+    ((64, 3, 3, 64), 1, 1, 1, "winograd"),    # resnet50's 3x3 layers of 64, 128 and 256 channels
+    ((128, 3, 3, 128), 1, 1, 1, "winograd"),
+    ((256, 3, 3, 256), 1, 1, 1, "winograd"),
+    ((128, 3, 3, 64), 1, 1, 1, "winograd"),   # VGG's widening layers
+    ((512, 3, 3, 512), 1, 1, 1, "gemm"),      # 512 channels: the weight transform costs more than it gains
+    ((256, 3, 3, 512), 1, 1, 1, "gemm"),
+    ((32, 3, 3, 32), 1, 1, 1, "direct"),      # too few channels
+    ((64, 3, 3, 32), 1, 1, 1, None),          # the direct forward with 32 registers, else GEMM
+    ((64, 3, 3, 64), 2, 1, 1, None),          # stride 2
+    ((64, 3, 3, 64), 1, 0, 1, None),          # no padding
+    ((64, 3, 3, 32), 1, 1, 2, "gemm"),        # grouped
+    ((64, 5, 5, 64), 1, 2, 1, None),          # 5x5
+])
+def test_the_rule_takes_winograd_for_3x3_stride_1_layers_of_64_to_256_channels(w_shape, stride, pad, groups, forward):
+    assert WINOGRAD_CHANNELS == (64, 256)
+    for registers in (16, 32):
+        chosen = conv_algorithms(w_shape, stride, pad, groups, registers=registers).forward
+        if forward is None:
+            assert chosen in ("direct", "gemm"), (registers, chosen)
+        else:
+            assert chosen == forward, registers
+
+
+def test_conv2d_forward_runs_winograd_where_the_plan_recorded_it(monkeypatch):
+    """The plan's algorithms decide, not the kernels' own rule; no im2col workspace is needed."""
+    monkeypatch.setattr(C, "conv_algorithms", None)   # the rule must not be consulted
+    called = []
+    original = C._run_winograd
+    monkeypatch.setattr(C, "_run_winograd", lambda *a: (called.append(1), original(*a))[1])
+    x, wt = _inputs(2, 5, 5, 8, 8)
+    y = np.empty((2, 5, 5, 8), F32)
+    K.conv2d_forward(x, wt, y, 1, 1, 1, np.empty(0, F32), WINOGRAD)
+    assert called == [1]
+    _assert_close(y, _reference(x, wt))
+
+
+@pytest.mark.parametrize("w_shape,stride,pad,groups", [((8, 3, 3, 8), 2, 1, 1), ((8, 3, 3, 8), 1, 0, 1),
+                                                       ((8, 5, 5, 8), 1, 1, 1), ((8, 3, 3, 4), 1, 1, 2)])
+def test_winograd_refuses_a_shape_it_cannot_compute(w_shape, stride, pad, groups):
+    x = np.ones((1, 6, 6, 8), F32)
+    with pytest.raises(ValueError, match="winograd algorithm computes 3x3 convolutions of stride 1, padding 1"):
+        K.conv2d_forward(x, np.ones(w_shape, F32), np.empty((1, 6, 6, 8), F32), stride, pad, groups, None, WINOGRAD)
