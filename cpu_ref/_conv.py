@@ -9,8 +9,9 @@ Five algorithms, chosen from the shapes by a rule the plan records per layer (`p
   ``dW.T += col.T @ dy`` and ``dcol = dy @ W``, scattered back by col2im.
 - pointwise (1x1, stride 1, pad 0, groups 1): the input *is* the matrix; no workspace.
 - depthwise (groups == Cin == Cout): a direct loop, vectorised over channels; no workspace.
-- winograd (`cpu_ref._conv_winograd`, forward only): F(2x2, 3x3) for 3x3 stride-1 padding-1 layers, 16 GEMMs
-  over transformed tiles, per chunk of output rows in per-thread workspaces.
+- winograd (`cpu_ref._conv_winograd`, forward and input gradient): F(2x2, 3x3) for 3x3 stride-1 padding-1 layers,
+  16 GEMMs over transformed tiles, per chunk of output rows in per-thread workspaces; a layer whose input gradient
+  is Winograd's takes its weight gradient from an im2col + GEMM pass of its own.
 - direct (`cpu_ref._conv_direct`): register-blocked loops without workspace for the narrow 3x3 (and
   wider) layers: the forward of those with 8, 16 or 32 output channels (64 with AVX-512), the input gradient
   of those with as many input channels, the weight gradient where the input gradient is direct too
@@ -35,7 +36,8 @@ from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
 from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weight_grad
-from cpu_ref._conv_winograd import POINTS, chunk_bands, weight_transform, winograd_parallel, winograd_span
+from cpu_ref._conv_winograd import (POINTS, chunk_bands, input_grad_weight, weight_transform, winograd_parallel,
+                                   winograd_span)
 from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 from planner.conv_algorithm import conv_algorithms
@@ -424,9 +426,10 @@ def _run_pointwise(x, w, ymat, dx, backward, accumulate, epilogue=NONE):
     return dw_parts.sum(axis=0) if backward else None
 
 
-def _run_winograd(x, w, ymat, epilogue=NONE):
-    """The Winograd forward (3x3, stride 1, padding 1, groups 1), with an `Epilogue` or `NONE`. Its workspaces
-    (the transformed weight, and per partition a chunk of transformed input and output tiles) are its own."""
+def _run_winograd(x, w, ymat, epilogue=NONE, accumulate=False):
+    """Winograd's F(2x2, 3x3) (3x3, stride 1, padding 1, groups 1) of ``x`` by ``w`` into ``ymat``, with an
+    `Epilogue` or `NONE`, or added into ``ymat`` (``accumulate``). Its workspaces (the transformed weight, and per
+    partition a chunk of transformed input and output tiles) are its own."""
     n, h, wd, cin = x.shape
     cout = w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
@@ -438,9 +441,17 @@ def _run_winograd(x, w, ymat, epilogue=NONE):
     v = np.empty((nparts, POINTS, slab, cin), np.float32)
     m = np.empty((nparts, POINTS, slab, cout), np.float32)
     r = np.empty((nparts, POINTS, cin), np.float32)
+    acc = np.empty((nparts, 2 * bands * wd, cout) if accumulate else (0, 0, 0), np.float32)
     with blas_context:
         run_partitioned(winograd_span, winograd_parallel, nparts, ymat.size * 9 * cin // MACS_PER_ELEMENT, x, u,
-                        ymat, v, m, r, bands, *epilogue)
+                        ymat, v, m, r, acc, bands, *epilogue)
+
+
+def _check_winograd(direction, w, stride, pad, groups):
+    if w.shape[1:3] != (3, 3) or stride != 1 or pad != 1 or groups != 1:
+        raise ValueError(f"{direction}: the winograd algorithm computes 3x3 convolutions of stride 1, padding 1 "
+                         f"and groups 1; got kernel {w.shape[1]}x{w.shape[2]}, stride {stride}, padding {pad}, "
+                         f"groups {groups} (let planner.conv_algorithm choose the algorithm)")
 
 
 def _run_depthwise_forward(x, w, y, stride, pad):
@@ -474,7 +485,8 @@ def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=
     algorithm = _algorithms(w, stride, pad, groups, algorithms).forward
     if epilogue is not None and not epilogue_supported(algorithm, groups):
         raise ValueError(f"conv2d_forward: an epilogue needs groups 1 and the pointwise, direct, winograd or gemm "
-                         f"algorithm; got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by one)")
+                         f"algorithm; got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by "
+                         f"one)")
     epilogue = NONE if epilogue is None else epilogue
     if algorithm == "depthwise":
         _run_depthwise_forward(x, w, y, stride, pad)
@@ -483,10 +495,7 @@ def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=
     elif algorithm == "direct":
         direct_forward(x, w, y, stride, pad, y.size * w[0].size // MACS_PER_ELEMENT, epilogue)
     elif algorithm == "winograd":
-        if w.shape[1:3] != (3, 3) or stride != 1 or pad != 1 or groups != 1:
-            raise ValueError(f"conv2d_forward: the winograd algorithm computes 3x3 convolutions of stride 1, padding 1 "
-                             f"and groups 1; got kernel {w.shape[1]}x{w.shape[2]}, stride {stride}, padding {pad}, "
-                             f"groups {groups} (let planner.conv_algorithm choose the algorithm)")
+        _check_winograd("conv2d_forward", w, stride, pad, groups)
         _run_winograd(x, w, y.reshape(-1, cout), epilogue)
     else:
         _run_gemm(x, w, y.reshape(-1, cout), None, stride, pad, col, False, False, epilogue)
@@ -523,12 +532,16 @@ def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algo
         dw.reshape(cout, -1)[...] = _run_pointwise(x, w, dy.reshape(-1, cout), dx, True, accumulate)
     else:
         direct_dx = dx is not None and chosen.input_grad == "direct"
+        winograd_dx = dx is not None and chosen.input_grad == "winograd"
         direct_dw = chosen.weight_grad == "direct" and (dx is None or direct_dx)
         work = dy.size * w[0].size // MACS_PER_ELEMENT
         if direct_dx:
             direct_input_grad(dy, w, dx, stride, pad, accumulate, work)
+        if winograd_dx:
+            _check_winograd("conv2d_backward", w, stride, pad, groups)
+            _run_winograd(dy, input_grad_weight(w), dx.reshape(-1, dx.shape[3]), accumulate=accumulate)
         if direct_dw:
             dw[...] = direct_weight_grad(x, dy, w.shape, stride, pad, work)
         else:
-            dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), None if direct_dx else dx, stride, pad,
-                                                  col, True, accumulate).T
+            dw.reshape(cout, -1)[...] = _run_gemm(x, w, dy.reshape(-1, cout), None if direct_dx or winograd_dx else dx,
+                                                  stride, pad, col, True, accumulate).T

@@ -1,5 +1,5 @@
-"""The Winograd forward of 3x3, stride-1, padding-1 convolutions: F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms
-for Convolutional Neural Networks", 2016), NHWC, fp32.
+"""The Winograd forward and input gradient of 3x3, stride-1, padding-1 convolutions: F(2x2, 3x3) (Lavin and Gray,
+"Fast Algorithms for Convolutional Neural Networks", 2016), NHWC, fp32.
 
 The output is cut into 2x2 tiles; tile ``t`` reads the 4x4 input patch ``d`` around it (zero outside the image)
 and its output is ``A^T [sum over input channels of (G g G^T) * (B^T d B)] A``, with ``g`` the 3x3 kernel. The
@@ -9,7 +9,9 @@ weight. That is 16 multiply-adds per tile, input and output channel, against 36 
 directly: 2.25x fewer, at the price of the transforms (additions, and halving in ``G``). The transforms' entries
 are 0, 1, -1 and 1/2, so the rounding error stays that of a float32 sum: on a 256-channel 14x14 layer the largest
 distance to the float64 result was 1.8e-6, against 2.1e-6 for a direct float32 sum and 2.8e-6 for im2col + GEMM
-(``tests/cpu/test_conv_winograd.py`` holds it to the direct kernels' tolerance).
+(``tests/cpu/test_conv_winograd.py`` holds it to the direct kernels' tolerance). A non-finite input makes the same
+outputs non-finite as a direct sum would (each output's terms are those of its 3x3 window), but an infinity may
+come out as NaN: the transforms add and subtract it.
 
 Work is split into "bands" (a row of tiles of one sample: 2 output rows), one static range of bands per thread
 (``cpu_ref._misc``). A thread transforms a chunk of bands into its own ``V``, runs the 16 GEMMs on a
@@ -18,6 +20,10 @@ consecutive rows of the output, so an eval epilogue (`cpu_ref._epilogue`) applie
 cache, as the other algorithms do. Chunk sizes (`chunk_bands`) follow the BLAS: where OpenBLAS has unpacked
 small-matrix kernels, each GEMM stays within them; elsewhere a chunk is large enough that packing ``U[k]``
 for every GEMM costs little against the product.
+
+The input gradient of such a layer is the same convolution of ``dy`` with the weight turned by 180 degrees and its
+channels swapped (`input_grad_weight`); with ``accumulate`` each chunk is added into ``dx`` from a per-thread
+buffer.
 
 The layers that take this algorithm are chosen by `planner.conv_algorithm` (the plan records it); this module
 runs whatever it is given, any channel counts and image sizes (odd sizes: the last tile is cut off).
@@ -87,6 +93,12 @@ def _weight_span(taps, gg, u, t, nparts):
 def _weight_parallel(taps, gg, u, nparts):
     for t in prange(nparts):
         _weight_span(taps, gg, u, t, nparts)
+
+
+def input_grad_weight(w):
+    """The OHWI weight whose convolution of ``dy`` (3x3, stride 1, padding 1) is the input gradient of ``w``'s:
+    ``w[o, i, j, c]`` at ``[c, 2 - i, 2 - j, o]``."""
+    return np.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(3, 1, 2, 0))
 
 
 def weight_transform(w):
@@ -185,13 +197,15 @@ def _band_row(b, th, h, w):
 # ---------------------------------------------------------------------------- the forward
 
 @njit(cache=True)
-def winograd_span(x, u, ymat, v, m, r, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t,
+def winograd_span(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t,
                   nparts):
     """Partition ``t`` of the bands, ``bands`` at a time: ``x`` ``(N, H, W, Cin)``, ``u`` ``(16, Cin, Cout)``
     (`weight_transform`), ``ymat`` the output as ``(N*H*W, Cout)``; ``v``, ``m``, ``r``: this partition's
     ``(16, tiles, Cin)``, ``(16, tiles, Cout)`` and ``(16, Cin)`` workspaces (``v[t]`` ... of the caller's).
-    With an epilogue (``ep_*``, as in `cpu_ref._conv._gemm_span`), each chunk's rows go to ``ep_out`` through
-    their own rows of ``ymat``, or with ``ep_scratch`` through the partition's first rows."""
+    With ``acc`` ``(nparts, rows, Cout)`` (not empty: the input gradient's ``accumulate``), each chunk goes to
+    ``acc[t]`` and is added into its rows of ``ymat``. With an epilogue (``ep_*``, as in
+    `cpu_ref._conv._gemm_span`), each chunk's rows go to ``ep_out`` through their own rows of ``ymat``, or with
+    ``ep_scratch`` through the partition's first rows."""
     n_, h, w, c = x.shape
     th, tw = (h + 1) // 2, (w + 1) // 2
     lo, hi = partition(n_ * th, t, nparts)
@@ -210,21 +224,27 @@ def winograd_span(x, u, ymat, v, m, r, bands, ep_scale, ep_shift, ep_residual, e
         for k in range(POINTS):
             np.dot(vt[k, :tiles], u[k], mt[k, :tiles])
         c0, c1 = _band_row(b0, th, h, w), _band_row(b1, th, h, w)
-        src = part_row if ep_scratch else c0
+        dst, shift = ymat, (part_row if ep_scratch else c0) - c0
+        if acc.shape[0] > 0:
+            dst, shift = acc[t], -c0
         i = 0
         for b in range(b0, b1):
             n = b // th
             for tx in range(tw):
-                _output_tile(mt, i, ymat, src - c0, n, b - n * th, tx, h, w)
+                _output_tile(mt, i, dst, shift, n, b - n * th, tx, h, w)
                 i += 1
-        if ep_out.shape[0] > 0:
-            apply_rows(ymat, src, ep_out, c0, c1, ep_scale, ep_shift, ep_residual, ep_relu)
+        if acc.shape[0] > 0:
+            for row in range(c1 - c0):
+                o, a = ymat[c0 + row], dst[row]
+                for k in range(o.size):
+                    o[k] += a[k]
+        elif ep_out.shape[0] > 0:
+            apply_rows(ymat, c0 + shift, ep_out, c0, c1, ep_scale, ep_shift, ep_residual, ep_relu)
 
 
 @njit(cache=True, parallel=True)
-def winograd_parallel(x, u, ymat, v, m, r, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch,
+def winograd_parallel(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch,
                       nparts):
     for t in prange(nparts):
-        winograd_span(x, u, ymat, v, m, r, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t,
-                      nparts)
-
+        winograd_span(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch,
+                      t, nparts)

@@ -8,8 +8,9 @@ every run (and on every machine of the same vector width: the rule reads it, see
 - ``direct`` (`cpu_ref._conv_direct`): register-blocked NHWC loops for narrow 3x3 (and wider) layers,
   with 8, 16 or 32 channels (64 with AVX-512) in the vector lanes (output channels for the forward and the weight gradient,
   input channels for the input gradient); no workspace.
-- ``winograd`` (forward only, `cpu_ref._conv_winograd`): F(2x2, 3x3) for 3x3 stride-1 padding-1 layers of 64 to
-  256 channels (each side): 16 GEMMs over transformed 2x2 tiles, 2.25x fewer multiply-adds than the others.
+- ``winograd`` (forward and input gradient, `cpu_ref._conv_winograd`): F(2x2, 3x3) for 3x3 stride-1 padding-1
+  layers of 64 to 256 channels (each side): 16 GEMMs over transformed 2x2 tiles, 2.25x fewer multiply-adds than
+  the others. The weight gradient of such a layer is an im2col + GEMM pass of its own (or direct).
 - ``gemm``: im2col + BLAS, the wide layers. Its backward computes the weight gradient in the same pass
   as the input gradient, so a layer whose input gradient is ``gemm`` takes its weight gradient there too.
 
@@ -45,13 +46,17 @@ MIN_FOLDED_PAIRS = 4
 #: and 9.5 (im2col + GEMM); with AVX2 and OpenBLAS's Haswell kernels 7.8, 6.2 and 6.6 instead of 8.9, 9.5 and 9.6;
 #: resnet20's 64-channel layers (batch 128, 8x8) 2.3-2.4 instead of 2.9 (AVX-512, direct) and even with AVX2. At
 #: 32 channels it gained little, at 16 it lost (2.7x slower), and at 512 the weight transform (16 MB written per
-#: step) cost more than resnet50's 7x7 layers gain.
+#: step) cost more than resnet50's 7x7 layers gain. The input gradient too, where it would be im2col + GEMM
+#: (whose one pass also gave the weight gradient; that pass now gives it alone): the whole backward of a 128- and
+#: a 256-channel layer (batch 32, at 16x16 and 8x8, 2 threads) took 21.9 and 25.5 ms instead of 26.8 and 28.4 with
+#: AVX-512, 23.5 and 27.7 instead of 27.0 and 28.1 with AVX2; where the direct input gradient takes a layer (64
+#: channels with 32 registers) it stays, faster than both.
 WINOGRAD_CHANNELS = (64, 256)
 
 
 class ConvAlgorithms(NamedTuple):
-    """The algorithm of each direction: ``depthwise``, ``pointwise``, ``direct`` or ``gemm``; the forward may also be
-    ``winograd``."""
+    """The algorithm of each direction: ``depthwise``, ``pointwise``, ``direct`` or ``gemm``; the forward and the
+    input gradient may also be ``winograd``."""
     forward: str
     input_grad: str
     weight_grad: str
@@ -117,7 +122,8 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     than ``FEW_INPUT_CHANNELS`` input channels and at most 16 output channels (32 with 32 registers), as the
     stems have (`_folded`). A stem's input gradient is not wanted; where a layer's is and runs by GEMM, that
     pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`). Winograd forward: 3x3, stride 1,
-    padding 1, groups 1, ``WINOGRAD_CHANNELS`` on both sides, whatever the register count.
+    padding 1, groups 1, ``WINOGRAD_CHANNELS`` on both sides, whatever the register count; its input gradient
+    too where it would otherwise be ``gemm`` (not where the direct kernel takes it).
     """
     cout, kh, kw, cin = w_shape
     if groups > 1 and groups == cout and cin == 1:
@@ -129,6 +135,8 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     if _winograd(w_shape, stride, pad, groups):
         forward = "winograd"
     input_grad = "direct" if window and _narrow(cin, registers) else "gemm"
+    if input_grad == "gemm" and _winograd(w_shape, stride, pad, groups):
+        input_grad = "winograd"
     weight_grad = ("direct" if window and (input_grad == "direct" or _folded(cin, cout, registers))
                    and _narrow(cout, registers) else "gemm")
     return ConvAlgorithms(forward, input_grad, weight_grad)

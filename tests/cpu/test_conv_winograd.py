@@ -1,8 +1,8 @@
-"""The Winograd forward (`cpu_ref._conv_winograd`) against the float64 reference: odd and even image sizes (the
-last tile cut off), images smaller than a tile, channel counts that fill no vector, several samples; chunks of one
-band to all of a partition's, one to three partitions, serially and on the thread pool (the same bits); the weight
-transform against ``G g G^T`` in float64; the rule that sends a layer there and the kernels' refusal of a shape it
-cannot compute."""
+"""The Winograd forward and input gradient (`cpu_ref._conv_winograd`) against the float64 reference: odd and even
+image sizes (the last tile cut off), images smaller than a tile, channel counts that fill no vector, several
+samples, the input gradient overwritten and added into; chunks of one band to all of a partition's, one to three
+partitions, serially and on the thread pool (the same bits); the weight transform against ``G g G^T`` in float64;
+the rule that sends a layer there and the kernels' refusal of a shape they cannot compute."""
 import numpy as np
 import pytest
 
@@ -11,11 +11,11 @@ from cpu_ref import _conv_winograd as WG
 from cpu_ref import kernels as K
 from cpu_ref._epilogue import NONE
 from planner import reference as R
-from planner.conv_algorithm import WINOGRAD_CHANNELS, ConvAlgorithms, conv_algorithms
+from planner.conv_algorithm import ConvAlgorithms, conv_algorithms
 
 F32 = np.float32
 TOL = 1e-5   # as the direct kernels' (tests/cpu/test_conv_direct.py): fp32 sums of at most 3*3*64 products
-WINOGRAD = ConvAlgorithms("winograd", "gemm", "gemm")
+WINOGRAD = ConvAlgorithms("winograd", "winograd", "gemm")
 
 CASES = [
     # n, h, w, cin, cout
@@ -49,6 +49,45 @@ def test_the_winograd_forward_matches_the_reference(n, h, w, cin, cout):
     _assert_close(y, _reference(x, wt))
 
 
+@pytest.mark.parametrize("n,h,w,cin,cout", CASES)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_the_winograd_input_gradient_matches_the_reference(n, h, w, cin, cout, accumulate):
+    x, wt = _inputs(n, h, w, cin, cout)
+    dy = np.random.default_rng(3).standard_normal((n, h, w, cout)).astype(F32)
+    want_dx, want_dw = R.conv2d_backward(x.astype(np.float64), wt.astype(np.float64), dy.astype(np.float64), 1, 1, 1)
+    before = np.random.default_rng(4).standard_normal(x.shape).astype(F32)
+    dx = before.copy() if accumulate else np.full(x.shape, np.nan, F32)
+    dw = np.full(wt.shape, np.nan, F32)
+    col = np.empty(n * h * w * 9 * cin, F32)
+    K.conv2d_backward(x, wt, dy, dx, dw, 1, 1, 1, col, accumulate, WINOGRAD)
+    if accumulate:
+        want_dx = want_dx + before
+    _assert_close(dx, want_dx)
+    _assert_close(dw, want_dw)   # from an im2col + GEMM pass of its own
+
+
+def test_the_input_gradient_weight_turns_the_kernel_and_swaps_the_channels():
+    x, wt = _inputs(1, 5, 6, 8, 16)
+    dy = np.random.default_rng(5).standard_normal((1, 5, 6, 16))
+    want_dx, _ = R.conv2d_backward(x.astype(np.float64), wt.astype(np.float64), dy, 1, 1, 1)
+    turned = WG.input_grad_weight(wt)
+    assert turned.shape == (8, 3, 3, 16) and turned.flags.c_contiguous
+    np.testing.assert_allclose(R.conv2d_forward(dy, turned.astype(np.float64), 1, 1, 1), want_dx, atol=1e-9)
+
+
+@pytest.mark.parametrize("row,col", [(0, 0), (2, 3), (3, 0), (6, 8)])
+def test_a_non_finite_input_reaches_only_the_outputs_of_its_window(row, col):
+    """Outputs whose 3x3 window misses the infinite input stay finite (the tile's other pixels included); those
+    it reaches are non-finite (NaN where the direct sum gives an infinity: the transforms subtract it)."""
+    x, wt = _inputs(1, 7, 9, 8, 8)
+    x[0, row, col, 3] = np.inf
+    y = np.empty((1, 7, 9, 8), F32)
+    K.conv2d_forward(x, wt, y, 1, 1, 1, None, WINOGRAD)
+    reached = ~np.isfinite(_reference(x, wt))
+    assert reached.any() and not reached.all()
+    assert np.array_equal(~np.isfinite(y), reached)
+
+
 def _run(x, wt, bands, nparts, pooled):
     n, h, w, cin = x.shape
     cout = wt.shape[0]
@@ -58,11 +97,12 @@ def _run(x, wt, bands, nparts, pooled):
     m = np.empty((nparts, WG.POINTS, tiles, cout), F32)
     r = np.empty((nparts, WG.POINTS, cin), F32)
     y = np.full((n, h, w, cout), np.nan, F32)
+    acc = np.empty((0, 0, 0), F32)
     if pooled:
-        WG.winograd_parallel(x, u, y.reshape(-1, cout), v, m, r, bands, *NONE, nparts)
+        WG.winograd_parallel(x, u, y.reshape(-1, cout), v, m, r, acc, bands, *NONE, nparts)
     else:
         for t in range(nparts):
-            WG.winograd_span(x, u, y.reshape(-1, cout), v, m, r, bands, *NONE, t, nparts)
+            WG.winograd_span(x, u, y.reshape(-1, cout), v, m, r, acc, bands, *NONE, t, nparts)
     return y
 
 
@@ -94,28 +134,32 @@ def test_the_chunk_follows_the_blas(tiles_per_band, cin, cout, small, bands):
     assert WG.chunk_bands(tiles_per_band, cin, cout, small) == bands
 
 
-@pytest.mark.parametrize("w_shape,stride,pad,groups,forward", [
-    ((64, 3, 3, 64), 1, 1, 1, "winograd"),    # resnet50's 3x3 layers of 64, 128 and 256 channels
-    ((128, 3, 3, 128), 1, 1, 1, "winograd"),
-    ((256, 3, 3, 256), 1, 1, 1, "winograd"),
-    ((128, 3, 3, 64), 1, 1, 1, "winograd"),   # VGG's widening layers
-    ((512, 3, 3, 512), 1, 1, 1, "gemm"),      # 512 channels: the weight transform costs more than it gains
-    ((256, 3, 3, 512), 1, 1, 1, "gemm"),
-    ((32, 3, 3, 32), 1, 1, 1, "direct"),      # too few channels
-    ((64, 3, 3, 32), 1, 1, 1, None),          # the direct forward with 32 registers, else GEMM
-    ((64, 3, 3, 64), 2, 1, 1, None),          # stride 2
-    ((64, 3, 3, 64), 1, 0, 1, None),          # no padding
-    ((64, 3, 3, 32), 1, 1, 2, "gemm"),        # grouped
-    ((64, 5, 5, 64), 1, 2, 1, None),          # 5x5
+@pytest.mark.parametrize("w_shape,stride,pad,groups,forward,dx", [
+    # dx: with 16 registers / with 32 (the direct input gradient takes 64 input channels there)
+    ((64, 3, 3, 64), 1, 1, 1, "winograd", ("winograd", "direct")),   # resnet50's 3x3 layers of 64-256 channels
+    ((128, 3, 3, 128), 1, 1, 1, "winograd", ("winograd", "winograd")),
+    ((256, 3, 3, 256), 1, 1, 1, "winograd", ("winograd", "winograd")),
+    ((128, 3, 3, 64), 1, 1, 1, "winograd", ("winograd", "direct")),  # VGG's widening layers
+    ((256, 3, 3, 128), 1, 1, 1, "winograd", ("winograd", "winograd")),
+    ((512, 3, 3, 512), 1, 1, 1, "gemm", ("gemm", "gemm")),   # 512: the weight transform costs more than it gains
+    ((256, 3, 3, 512), 1, 1, 1, "gemm", ("gemm", "gemm")),
+    ((32, 3, 3, 32), 1, 1, 1, "direct", ("direct", "direct")),      # too few channels
+    ((64, 3, 3, 32), 1, 1, 1, None, None),          # the direct forward with 32 registers, else GEMM
+    ((64, 3, 3, 64), 2, 1, 1, None, None),          # stride 2
+    ((64, 3, 3, 64), 1, 0, 1, None, None),          # no padding
+    ((64, 3, 3, 32), 1, 1, 2, "gemm", ("gemm", "gemm")),   # grouped
+    ((64, 5, 5, 64), 1, 2, 1, None, None),          # 5x5
 ])
-def test_the_rule_takes_winograd_for_3x3_stride_1_layers_of_64_to_256_channels(w_shape, stride, pad, groups, forward):
-    assert WINOGRAD_CHANNELS == (64, 256)
-    for registers in (16, 32):
-        chosen = conv_algorithms(w_shape, stride, pad, groups, registers=registers).forward
+def test_the_rule_takes_winograd_for_3x3_stride_1_layers_of_64_to_256_channels(w_shape, stride, pad, groups, forward,
+                                                                               dx):
+    for k, registers in enumerate((16, 32)):
+        chosen = conv_algorithms(w_shape, stride, pad, groups, registers=registers)
         if forward is None:
-            assert chosen in ("direct", "gemm"), (registers, chosen)
-        else:
-            assert chosen == forward, registers
+            assert "winograd" not in chosen, (registers, chosen)
+            continue
+        assert (chosen.forward, chosen.input_grad) == (forward, dx[k]), registers
+        if chosen.input_grad == "winograd":
+            assert chosen.weight_grad == "gemm"   # a pass of its own
 
 
 def test_conv2d_forward_runs_winograd_where_the_plan_recorded_it(monkeypatch):
@@ -123,17 +167,23 @@ def test_conv2d_forward_runs_winograd_where_the_plan_recorded_it(monkeypatch):
     monkeypatch.setattr(C, "conv_algorithms", None)   # the rule must not be consulted
     called = []
     original = C._run_winograd
-    monkeypatch.setattr(C, "_run_winograd", lambda *a: (called.append(1), original(*a))[1])
+    monkeypatch.setattr(C, "_run_winograd", lambda *a, **k: (called.append(1), original(*a, **k))[1])
     x, wt = _inputs(2, 5, 5, 8, 8)
     y = np.empty((2, 5, 5, 8), F32)
     K.conv2d_forward(x, wt, y, 1, 1, 1, np.empty(0, F32), WINOGRAD)
     assert called == [1]
     _assert_close(y, _reference(x, wt))
+    dx, dw = np.empty(x.shape, F32), np.empty(wt.shape, F32)
+    K.conv2d_backward(x, wt, y, dx, dw, 1, 1, 1, np.empty(2 * 25 * 9 * 8, F32), False, WINOGRAD)
+    assert called == [1, 1]
 
 
 @pytest.mark.parametrize("w_shape,stride,pad,groups", [((8, 3, 3, 8), 2, 1, 1), ((8, 3, 3, 8), 1, 0, 1),
                                                        ((8, 5, 5, 8), 1, 1, 1), ((8, 3, 3, 4), 1, 1, 2)])
 def test_winograd_refuses_a_shape_it_cannot_compute(w_shape, stride, pad, groups):
     x = np.ones((1, 6, 6, 8), F32)
-    with pytest.raises(ValueError, match="winograd algorithm computes 3x3 convolutions of stride 1, padding 1"):
+    with pytest.raises(ValueError, match="conv2d_forward: the winograd algorithm computes 3x3 convolutions of stride"):
         K.conv2d_forward(x, np.ones(w_shape, F32), np.empty((1, 6, 6, 8), F32), stride, pad, groups, None, WINOGRAD)
+    with pytest.raises(ValueError, match="conv2d_backward: the winograd algorithm computes 3x3 convolutions"):
+        K.conv2d_backward(x, np.ones(w_shape, F32), np.ones((1, 6, 6, 8), F32), np.empty(x.shape, F32),
+                          np.empty(w_shape, F32), stride, pad, groups, np.empty(6 * 6 * 9 * 8, F32), False, WINOGRAD)
