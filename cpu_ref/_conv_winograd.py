@@ -194,7 +194,7 @@ def _band_row(b, th, h, w):
     return (n * h + min(2 * (b - n * th), h)) * w
 
 
-# ---------------------------------------------------------------------------- the forward
+# ---------------------------------------------------------------------------- the convolution: forward or input gradient
 
 @njit(cache=True)
 def winograd_span(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t,
