@@ -75,6 +75,11 @@ def _gemm_partitions(units):
     return partitions(units), one_blas_thread()
 
 
+def _small_gemm_macs():
+    """``SMALL_GEMM_MACS`` where the BLAS's kernel set has small-matrix kernels, else 0."""
+    return SMALL_GEMM_MACS if BLAS_CORE in SMALL_GEMM_CORES else 0
+
+
 def _chunk_rows(rows_per_worker, row_len):
     return max(1, min(rows_per_worker, max(MIN_GEMM_ROWS, COL_CHUNK_BYTES // (4 * row_len))))
 
@@ -84,8 +89,9 @@ def _gemm_chunk_rows(rows_per_worker, kd, kg):
     ``kg`` output channels per group), and whether its GEMMs fit OpenBLAS's unpacked small-matrix
     kernels (where it has them; otherwise chunks are L2-sized)."""
     rows = _chunk_rows(rows_per_worker, kd)
-    small_rows = SMALL_GEMM_MACS // (kd * kg)
-    if BLAS_CORE in SMALL_GEMM_CORES and small_rows >= MIN_SMALL_GEMM_ROWS:
+    small_macs = _small_gemm_macs()
+    small_rows = small_macs // (kd * kg)
+    if small_macs and small_rows >= MIN_SMALL_GEMM_ROWS:
         return min(rows, small_rows), True
     return rows, False
 
@@ -434,8 +440,7 @@ def _run_winograd(x, w, ymat, epilogue=NONE, accumulate=False):
     cout = w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
     nparts, blas_context = _gemm_partitions(n * th)
-    small = SMALL_GEMM_MACS if BLAS_CORE in SMALL_GEMM_CORES else 0
-    bands = min(chunk_bands(tw, cin, cout, small), -(-n * th // nparts))
+    bands = min(chunk_bands(tw, cin, cout, _small_gemm_macs()), -(-n * th // nparts))
     u = weight_transform(w)
     slab = bands * tw + 1   # rows per point; one spare, so that the 16 points' rows never lie a power of 2 apart
     v = np.empty((nparts, POINTS, slab, cin), np.float32)

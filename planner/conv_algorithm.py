@@ -131,12 +131,9 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     if kh == kw == 1 and stride == 1 and pad == 0 and groups == 1:
         return ConvAlgorithms("pointwise", "pointwise", "pointwise")
     window = groups == 1 and kh * kw > 1
-    forward = "direct" if window and _narrow(cout, registers) else "gemm"
-    if _winograd(w_shape, stride, pad, groups):
-        forward = "winograd"
-    input_grad = "direct" if window and _narrow(cin, registers) else "gemm"
-    if input_grad == "gemm" and _winograd(w_shape, stride, pad, groups):
-        input_grad = "winograd"
+    winograd = _winograd(w_shape, stride, pad, groups)
+    forward = "winograd" if winograd else "direct" if window and _narrow(cout, registers) else "gemm"
+    input_grad = "direct" if window and _narrow(cin, registers) else "winograd" if winograd else "gemm"
     weight_grad = ("direct" if window and (input_grad == "direct" or _folded(cin, cout, registers))
                    and _narrow(cout, registers) else "gemm")
     return ConvAlgorithms(forward, input_grad, weight_grad)
