@@ -40,7 +40,7 @@ def _callables(cin, cout, s, h, n, rng):
     dy = rng.standard_normal((n, oh, oh, cout)).astype(np.float32)
     dx, dw, y = np.empty_like(x), np.empty_like(w), np.empty_like(dy)
     col = np.empty(n * oh * oh * k * k * cin, np.float32)
-    after, before = conv_algorithms(w.shape, s, p, 1), _before(w.shape, s)
+    after, before = conv_algorithms(w.shape, s, p, 1, x.shape[:3]), _before(w.shape, s)
 
     def nchw(a):
         return torch.from_numpy(a.transpose(0, 3, 1, 2).copy()).contiguous(memory_format=torch.channels_last)

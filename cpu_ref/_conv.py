@@ -36,8 +36,7 @@ from numba import njit, prange, uint64
 
 from cpu_ref._blas import BLAS_CORE, BLAS_THREADS, one_blas_thread
 from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weight_grad
-from cpu_ref._conv_winograd import (POINTS, chunk_bands, input_grad_weight, weight_transform, winograd_parallel,
-                                   winograd_span)
+from cpu_ref._conv_winograd import POINTS, chunk_bands, weight_transform, winograd_parallel, winograd_span
 from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
 from planner.conv_algorithm import conv_algorithms
@@ -432,20 +431,21 @@ def _run_pointwise(x, w, ymat, dx, backward, accumulate, epilogue=NONE):
     return dw_parts.sum(axis=0) if backward else None
 
 
-def _run_winograd(x, w, ymat, epilogue=NONE, accumulate=False):
+def _run_winograd(x, w, ymat, epilogue=NONE, accumulate=False, turned=False):
     """Winograd's F(2x2, 3x3) (3x3, stride 1, padding 1, groups 1) of ``x`` by ``w`` into ``ymat``, with an
-    `Epilogue` or `NONE`, or added into ``ymat`` (``accumulate``). Its workspaces (the transformed weight, and per
-    partition a chunk of transformed input and output tiles) are its own."""
+    `Epilogue` or `NONE`, or added into ``ymat`` (``accumulate``); with ``turned``, by the input gradient's weight
+    (``w`` turned by 180 degrees, its channels swapped: ``x`` is then ``dy``). Its workspaces (the transformed weight,
+    and per partition a chunk of transformed input and output tiles) are its own."""
     n, h, wd, cin = x.shape
-    cout = w.shape[0]
+    cout = w.shape[3] if turned else w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
     nparts, blas_context = _gemm_partitions(n * th)
     bands = min(chunk_bands(tw, cin, cout, _small_gemm_macs()), -(-n * th // nparts))
-    u = weight_transform(w)
+    u = weight_transform(w, turned)
     slab = bands * tw + 1   # rows per point; one spare, so that the 16 points' rows never lie a power of 2 apart
     v = np.empty((nparts, POINTS, slab, cin), np.float32)
     m = np.empty((nparts, POINTS, slab, cout), np.float32)
-    r = np.empty((nparts, POINTS, cin), np.float32)
+    r = np.empty((nparts, POINTS, max(cin, cout)), np.float32)
     acc = np.empty((nparts, 2 * bands * wd, cout) if accumulate else (0, 0, 0), np.float32)
     with blas_context:
         run_partitioned(winograd_span, winograd_parallel, nparts, ymat.size * 9 * cin // MACS_PER_ELEMENT, x, u,
@@ -475,9 +475,10 @@ def _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate):
     return dwt_parts.sum(axis=0)
 
 
-def _algorithms(w, stride, pad, groups, algorithms):
-    """The plan's choice (`planner.conv_algorithm`, recorded in the op), or the same rule applied here."""
-    return conv_algorithms(w.shape, stride, pad, groups) if algorithms is None else algorithms
+def _algorithms(x, w, stride, pad, groups, algorithms):
+    """The plan's choice (`planner.conv_algorithm`, recorded in the op), or the same rule applied here to the input
+    ``x``."""
+    return conv_algorithms(w.shape, stride, pad, groups, x.shape[:3]) if algorithms is None else algorithms
 
 
 def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=None):
@@ -487,7 +488,7 @@ def conv2d_forward(x, w, y, stride, pad, groups, col, algorithms=None, epilogue=
     workspace: its contents are unspecified); groups 1 and the pointwise, direct, winograd or general algorithm
     only (`epilogue_supported`)."""
     cout = w.shape[0]
-    algorithm = _algorithms(w, stride, pad, groups, algorithms).forward
+    algorithm = _algorithms(x, w, stride, pad, groups, algorithms).forward
     if epilogue is not None and not epilogue_supported(algorithm, groups):
         raise ValueError(f"conv2d_forward: an epilogue needs groups 1 and the pointwise, direct, winograd or gemm "
                          f"algorithm; got groups {groups}, algorithm {algorithm!r} (run the chain's kernels one by "
@@ -530,7 +531,7 @@ def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algo
     ``algorithms``: as for `conv2d_forward`; a ``gemm`` input gradient computes the weight gradient in the
     same pass, whatever the weight gradient's entry says."""
     cout = w.shape[0]
-    chosen = _algorithms(w, stride, pad, groups, algorithms)
+    chosen = _algorithms(x, w, stride, pad, groups, algorithms)
     if chosen.input_grad == "depthwise":
         dw[:, :, :, 0] = _run_depthwise_backward(x, w, dy, dx, stride, pad, accumulate).transpose(2, 0, 1)
     elif chosen.input_grad == "pointwise":
@@ -544,7 +545,7 @@ def conv2d_backward(x, w, dy, dx, dw, stride, pad, groups, col, accumulate, algo
             direct_input_grad(dy, w, dx, stride, pad, accumulate, work)
         if winograd_dx:
             _check_winograd("conv2d_backward", w, stride, pad, groups)
-            _run_winograd(dy, input_grad_weight(w), dx.reshape(-1, dx.shape[3]), accumulate=accumulate)
+            _run_winograd(dy, w, dx.reshape(-1, dx.shape[3]), accumulate=accumulate, turned=True)
         if direct_dw:
             dw[...] = direct_weight_grad(x, dy, w.shape, stride, pad, work)
         else:

@@ -22,8 +22,9 @@ small-matrix kernels, each GEMM stays within them; elsewhere a chunk is large en
 for every GEMM costs little against the product.
 
 The input gradient of such a layer is the same convolution of ``dy`` with the weight turned by 180 degrees and its
-channels swapped (`input_grad_weight`); with ``accumulate`` each chunk is added into ``dx`` from a per-thread
-buffer.
+channels swapped. `weight_transform` with ``turned`` computes its transform from ``w`` directly: ``w``'s own, with
+points 0 and 3 of each axis swapped, as ``(16, Cout, Cin)``. With ``accumulate`` each chunk is added into ``dx`` from a
+per-thread buffer.
 
 The layers that take this algorithm are chosen by `planner.conv_algorithm` (the plan records it); this module
 runs whatever it is given, any channel counts and image sizes (odd sizes: the last tile is cut off).
@@ -57,57 +58,86 @@ def chunk_bands(tiles_per_band, cin, cout, small_macs):
 
 # ---------------------------------------------------------------------------- the weight transform
 
-@njit(cache=True, inline="always")
-def _combine3(a, b, c, out, kind, lo, hi):
-    """``out[lo:hi]`` = row ``kind`` of ``G`` applied to ``(a, b, c)``: ``a``, ``(a + b + c) / 2``,
-    ``(a - b + c) / 2`` or ``c``."""
-    h = np.float32(0.5)
-    if kind == 0:
-        for e in range(lo, hi):
-            out[e] = a[e]
-    elif kind == 1:
-        for e in range(lo, hi):
-            out[e] = (a[e] + b[e] + c[e]) * h
-    elif kind == 2:
-        for e in range(lo, hi):
-            out[e] = (a[e] - b[e] + c[e]) * h
-    else:
-        for e in range(lo, hi):
-            out[e] = c[e]
+#: Output and input channels per block of the weight transform: the block's 16 transformed points (64 KB) stay in
+#: cache while they are written out, transposed, as whole cache lines.
+WEIGHT_BLOCK = (16, 64)
+#: The point the turned kernel's transform puts each point of the kernel's at: turning a 3x3 kernel by 180 degrees
+#: swaps the first and last rows of ``G`` (``G J = P G``), so ``G (J g J) G^T = P (G g G^T) P^T`` swaps points 0 and
+#: 3 of each axis.
+TURNED_POINT = np.array([4 * (3 - r if r in (0, 3) else r) + (3 - s if s in (0, 3) else s)
+                         for r in range(4) for s in range(4)])
 
 
 @njit(cache=True)
-def _weight_span(taps, gg, u, t, nparts):
-    """Partition ``t`` of the columns: ``u`` ``(16, Cin*Cout)`` = ``G g G^T`` from ``taps`` ``(9, Cin*Cout)``
-    (the kernel's taps row-major, each a ``(Cin, Cout)`` matrix), through ``gg`` ``(12, Cin*Cout)`` = ``G g``."""
-    lo, hi = partition(taps.shape[1], t, nparts)
-    for r in range(4):
-        for j in range(3):
-            _combine3(taps[j], taps[3 + j], taps[6 + j], gg[3 * r + j], r, lo, hi)
-    for r in range(4):
-        for s in range(4):
-            _combine3(gg[3 * r], gg[3 * r + 1], gg[3 * r + 2], u[4 * r + s], s, lo, hi)
+def _weight_span(w3, u, point, turned, t, nparts):
+    """Partition ``t`` of the (output, input) channel blocks of ``u`` = ``G g G^T`` from the OHWI weight as ``w3``
+    ``(Cout, 9, Cin)``: ``u`` is ``(16, Cin, Cout)``, or with ``turned`` the transform of the input gradient's weight
+    (the kernel turned by 180 degrees, the channels swapped), ``(16, Cout, Cin)`` with point ``k`` at ``point[k]``.
+    Reads ``w3`` and writes ``u`` once, in whole lines; a block's points are transposed through ``blk``. (Element
+    indexing throughout, and a constant trip count in the transposing loop: with row views, or a variable count,
+    the transform ran 2-3x slower.)"""
+    cout, _, cin = w3.shape
+    ob, cb = WEIGHT_BLOCK
+    nob, ncb = -(-cout // ob), -(-cin // cb)
+    lo, hi = partition(nob * ncb, t, nparts)
+    blk = np.empty((16, ob, cb), np.float32)
+    h = np.float32(0.5)
+    for b in range(lo, hi):
+        o0, c0 = (b // ncb) * ob, (b % ncb) * cb
+        no, nc = min(ob, cout - o0), min(cb, cin - c0)
+        for o in range(no):
+            for c in range(nc):
+                g0, g1, g2 = w3[o0 + o, 0, c0 + c], w3[o0 + o, 1, c0 + c], w3[o0 + o, 2, c0 + c]
+                g3, g4, g5 = w3[o0 + o, 3, c0 + c], w3[o0 + o, 4, c0 + c], w3[o0 + o, 5, c0 + c]
+                g6, g7, g8 = w3[o0 + o, 6, c0 + c], w3[o0 + o, 7, c0 + c], w3[o0 + o, 8, c0 + c]
+                for r in range(4):   # row r of G g (a, e, f), times G^T
+                    if r == 0:
+                        a, e, f = g0, g1, g2
+                    elif r == 1:
+                        a, e, f = (g0 + g3 + g6) * h, (g1 + g4 + g7) * h, (g2 + g5 + g8) * h
+                    elif r == 2:
+                        a, e, f = (g0 - g3 + g6) * h, (g1 - g4 + g7) * h, (g2 - g5 + g8) * h
+                    else:
+                        a, e, f = g6, g7, g8
+                    blk[4 * r, o, c] = a
+                    blk[4 * r + 1, o, c] = (a + e + f) * h
+                    blk[4 * r + 2, o, c] = (a - e + f) * h
+                    blk[4 * r + 3, o, c] = f
+        for k in range(16):
+            if turned:
+                q = point[k]
+                if nc == cb:
+                    for o in range(no):
+                        for c in range(cb):
+                            u[q, o0 + o, c0 + c] = blk[k, o, c]
+                else:
+                    for o in range(no):
+                        for c in range(nc):
+                            u[q, o0 + o, c0 + c] = blk[k, o, c]
+            elif no == ob:
+                for c in range(nc):
+                    for o in range(ob):
+                        u[k, c0 + c, o0 + o] = blk[k, o, c]
+            else:
+                for c in range(nc):
+                    for o in range(no):
+                        u[k, c0 + c, o0 + o] = blk[k, o, c]
 
 
 @njit(cache=True, parallel=True)
-def _weight_parallel(taps, gg, u, nparts):
+def _weight_parallel(w3, u, point, turned, nparts):
     for t in prange(nparts):
-        _weight_span(taps, gg, u, t, nparts)
+        _weight_span(w3, u, point, turned, t, nparts)
 
 
-def input_grad_weight(w):
-    """The OHWI weight whose convolution of ``dy`` (3x3, stride 1, padding 1) is the input gradient of ``w``'s:
-    ``w[o, i, j, c]`` at ``[c, 2 - i, 2 - j, o]``."""
-    return np.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(3, 1, 2, 0))
-
-
-def weight_transform(w):
-    """``U`` ``(16, Cin, Cout)`` of an OHWI 3x3 weight ``w``: ``G g G^T`` for each (input, output) channel."""
+def weight_transform(w, turned=False):
+    """``U`` ``(16, Cin, Cout)`` of an OHWI 3x3 weight ``w``: ``G g G^T`` for each (input, output) channel. With
+    ``turned``, ``(16, Cout, Cin)``: the same of the input gradient's weight, ``w`` turned by 180 degrees with its
+    channels swapped (whose convolution of ``dy``, 3x3, stride 1, padding 1, is the input gradient)."""
     cout, _, _, cin = w.shape
-    taps = np.ascontiguousarray(w.transpose(1, 2, 3, 0)).reshape(9, cin * cout)
-    u = np.empty((POINTS, cin, cout), np.float32)
-    run_split(_weight_span, _weight_parallel, u.size, taps, np.empty((12, cin * cout), np.float32),
-              u.reshape(POINTS, -1))
+    w3 = np.ascontiguousarray(w).reshape(cout, 9, cin)
+    u = np.empty((POINTS, cout, cin) if turned else (POINTS, cin, cout), np.float32)
+    run_split(_weight_span, _weight_parallel, u.size, w3, u, TURNED_POINT, turned)
     return u
 
 
@@ -154,9 +184,11 @@ def _input_tile(xf, v, r, i, n, ty, tx, h, w, c):
 
 
 @njit(cache=True, inline="always")
-def _output_tile(m, i, ymat, shift, n, ty, tx, h, w):
+def _output_tile(m, i, ymat, shift, n, ty, tx, h, w, spare):
     """The 2x2 output pixels of tile ``(ty, tx)`` of sample ``n``, ``A^T m[:, i] A``, into rows ``shift`` + their
-    pixel index of ``ymat`` (``(rows, Cout)``); pixels outside the image (odd sizes) are not written."""
+    pixel index of ``ymat`` (``(rows, Cout)``). A tile cut off by the image's edge (odd sizes) is computed into
+    ``spare`` (at least ``(4, Cout)``) and only its pixels inside the image are copied (a bounds test per element
+    kept the loop from vectorising: 64-channel layers at odd sizes ran 2-3x slower than the direct kernel)."""
     y0, x0 = 2 * ty, 2 * tx
     wide, tall = x0 + 1 < w, y0 + 1 < h
     p = (n * h + y0) * w + x0 + shift
@@ -164,27 +196,25 @@ def _output_tile(m, i, ymat, shift, n, ty, tx, h, w):
     a4, a5, a6, a7 = m[4, i], m[5, i], m[6, i], m[7, i]
     a8, a9, a10, a11 = m[8, i], m[9, i], m[10, i], m[11, i]
     a12, a13, a14, a15 = m[12, i], m[13, i], m[14, i], m[15, i]
-    o00 = ymat[p]
-    if wide and tall:
-        o01, o10, o11 = ymat[p + 1], ymat[p + w], ymat[p + w + 1]
-        for k in range(o00.size):
-            s1, s2 = a1[k] + a5[k] + a9[k], a2[k] + a6[k] + a10[k]
-            q1, q2 = a5[k] - a9[k] - a13[k], a6[k] - a10[k] - a14[k]
-            o00[k] = (a0[k] + a4[k] + a8[k]) + s1 + s2
-            o01[k] = s1 - s2 - (a3[k] + a7[k] + a11[k])
-            o10[k] = (a4[k] - a8[k] - a12[k]) + q1 + q2
-            o11[k] = q1 - q2 - (a7[k] - a11[k] - a15[k])
-        return
-    for k in range(o00.size):   # the last row or column of an odd-sized output
+    whole = wide and tall
+    o00 = ymat[p] if whole else spare[0]
+    o01 = ymat[p + 1] if whole else spare[1]
+    o10 = ymat[p + w] if whole else spare[2]
+    o11 = ymat[p + w + 1] if whole else spare[3]
+    for k in range(a0.size):
         s1, s2 = a1[k] + a5[k] + a9[k], a2[k] + a6[k] + a10[k]
+        q1, q2 = a5[k] - a9[k] - a13[k], a6[k] - a10[k] - a14[k]
         o00[k] = (a0[k] + a4[k] + a8[k]) + s1 + s2
-        if wide:
-            ymat[p + 1, k] = s1 - s2 - (a3[k] + a7[k] + a11[k])
-        if tall:
-            q1, q2 = a5[k] - a9[k] - a13[k], a6[k] - a10[k] - a14[k]
-            ymat[p + w, k] = (a4[k] - a8[k] - a12[k]) + q1 + q2
-            if wide:
-                ymat[p + w + 1, k] = q1 - q2 - (a7[k] - a11[k] - a15[k])
+        o01[k] = s1 - s2 - (a3[k] + a7[k] + a11[k])
+        o10[k] = (a4[k] - a8[k] - a12[k]) + q1 + q2
+        o11[k] = q1 - q2 - (a7[k] - a11[k] - a15[k])
+    if whole:
+        return
+    ymat[p] = o00[:a0.size]
+    if wide:
+        ymat[p + 1] = o01[:a0.size]
+    if tall:
+        ymat[p + w] = o10[:a0.size]
 
 
 @njit(cache=True, inline="always")
@@ -201,7 +231,8 @@ def winograd_span(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residu
                   nparts):
     """Partition ``t`` of the bands, ``bands`` at a time: ``x`` ``(N, H, W, Cin)``, ``u`` ``(16, Cin, Cout)``
     (`weight_transform`), ``ymat`` the output as ``(N*H*W, Cout)``; ``v``, ``m``, ``r``: this partition's
-    ``(16, tiles, Cin)``, ``(16, tiles, Cout)`` and ``(16, Cin)`` workspaces (``v[t]`` ... of the caller's).
+    ``(16, tiles, Cin)``, ``(16, tiles, Cout)`` and ``(16, max(Cin, Cout))`` workspaces (``v[t]`` ...
+    of the caller's; ``r`` holds the input transform's rows and a cut-off tile's outputs).
     With ``acc`` ``(nparts, rows, Cout)`` (not empty: the input gradient's ``accumulate``), each chunk goes to
     ``acc[t]`` and is added into its rows of ``ymat``. With an epilogue (``ep_*``, as in
     `cpu_ref._conv._gemm_span`), each chunk's rows go to ``ep_out`` through their own rows of ``ymat``, or with
@@ -231,7 +262,7 @@ def winograd_span(x, u, ymat, v, m, r, acc, bands, ep_scale, ep_shift, ep_residu
         for b in range(b0, b1):
             n = b // th
             for tx in range(tw):
-                _output_tile(mt, i, dst, shift, n, b - n * th, tx, h, w)
+                _output_tile(mt, i, dst, shift, n, b - n * th, tx, h, w, rt)
                 i += 1
         if acc.shape[0] > 0:
             for row in range(c1 - c0):

@@ -9,8 +9,9 @@ every run (and on every machine of the same vector width: the rule reads it, see
   with 8, 16 or 32 channels (64 with AVX-512) in the vector lanes (output channels for the forward and the weight gradient,
   input channels for the input gradient); no workspace.
 - ``winograd`` (forward and input gradient, `cpu_ref._conv_winograd`): F(2x2, 3x3) for 3x3 stride-1 padding-1
-  layers of 64 to 256 channels (each side): 16 GEMMs over transformed 2x2 tiles, 2.25x fewer multiply-adds than
-  the others. The weight gradient of such a layer is an im2col + GEMM pass of its own (or direct).
+  layers of 64 to 256 channels (each side) on images that give it enough full 2x2 tiles (`winograd_pays`): 16 GEMMs
+  over transformed tiles, 2.25x fewer multiply-adds than the others. The weight gradient of such a layer is an
+  im2col + GEMM pass of its own (or direct).
 - ``gemm``: im2col + BLAS, the wide layers. Its backward computes the weight gradient in the same pass
   as the input gradient, so a layer whose input gradient is ``gemm`` takes its weight gradient there too.
 
@@ -52,6 +53,14 @@ MIN_FOLDED_PAIRS = 4
 #: AVX-512, 23.5 and 27.7 instead of 27.0 and 28.1 with AVX2; where the direct input gradient takes a layer (64
 #: channels with 32 registers) it stays, faster than both.
 WINOGRAD_CHANNELS = (64, 256)
+#: ... and only where the image gives it work: at least this many 2x2 output tiles (over the batch; the weight
+#: transform and the chunks' fixed costs are paid per call) ...: with 49-128 tiles (batch 1 at 14x14 to batch 8 at
+#: 8x8, 2 threads) the forward of 64-256 channels ran 0.84-1.23x im2col + GEMM's (or direct's) with AVX2 and the
+#: input gradient 0.93-1.10x; from 147 tiles 0.84-0.95x and 0.85-0.89x (AVX-512: 0.68-0.80x, 0.80-0.83x).
+MIN_WINOGRAD_TILES = 144
+#: ... whose pixels fill at least this share of their tiles (an odd size cuts the last row and column off): a 3x3
+#: or 5x5 image fills 56% or 69%, and with 288-512 tiles its forward ran 0.86-2.5x the others'; 7x7 (77%) gained.
+MIN_TILE_FILL = 0.75
 
 
 class ConvAlgorithms(NamedTuple):
@@ -102,17 +111,28 @@ def _folded(cin: int, cout: int, registers: int) -> bool:
 
 
 def conv_algorithms(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
-                    registers: int | None = None) -> ConvAlgorithms:
-    """`rule` for the target's `target_vector_registers` (read only for a layer with more than 32 channels)."""
+                    image: tuple[int, int, int] | None = None, registers: int | None = None) -> ConvAlgorithms:
+    """`rule` for the target's `target_vector_registers` (read only for a layer with more than 32 channels). ``image``:
+    the input's ``(N, H, W)`` (the plan passes its largest variant's), which Winograd's choice reads
+    (`winograd_pays`); ``None``: the weight shape alone decides, as for a large image."""
     if registers is None:
         registers = 16 if max(w_shape[0], w_shape[3]) <= BLOCK_FLOATS // MIN_BLOCK_PIXELS else target_vector_registers()
-    return rule(tuple(w_shape), stride, pad, groups, registers)
+    return rule(tuple(w_shape), stride, pad, groups, registers, None if image is None else winograd_pays(*image))
+
+
+def winograd_pays(n: int, h: int, w: int) -> bool:
+    """Whether an input of ``n`` images of ``h x w`` gives Winograd enough full tiles (`MIN_WINOGRAD_TILES`,
+    `MIN_TILE_FILL`) for a 3x3 stride-1 padding-1 layer, whose output is as large as its input."""
+    tiles = n * ((h + 1) // 2) * ((w + 1) // 2)
+    return tiles >= MIN_WINOGRAD_TILES and h * w >= MIN_TILE_FILL * 4 * tiles / n
 
 
 @functools.cache
-def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int, registers: int) -> ConvAlgorithms:
+def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int, registers: int,
+         image_pays: bool | None = None) -> ConvAlgorithms:
     """The algorithms for a convolution of OHWI weight ``w_shape`` (``Cin`` per group last) on a target with
-    ``registers`` vector registers.
+    ``registers`` vector registers, on an input that gives Winograd enough work (``image_pays``, `winograd_pays`) or
+    not (``None``: unknown, taken as enough).
 
     Direct forward: 8, 16 or 32 output channels, and 64 with 32 registers (resnet20's 16->16 and 32->32 stride-1
     layers, at one thread, ran 1.1-1.4x faster than im2col + GEMM; the stem and strided layers too; with
@@ -122,8 +142,9 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     than ``FEW_INPUT_CHANNELS`` input channels and at most 16 output channels (32 with 32 registers), as the
     stems have (`_folded`). A stem's input gradient is not wanted; where a layer's is and runs by GEMM, that
     pass computes the weight gradient too (`cpu_ref._conv.conv2d_backward`). Winograd forward: 3x3, stride 1,
-    padding 1, groups 1, ``WINOGRAD_CHANNELS`` on both sides, whatever the register count; its input gradient
-    too where it would otherwise be ``gemm`` (not where the direct kernel takes it).
+    padding 1, groups 1, ``WINOGRAD_CHANNELS`` on both sides, whatever the register count, unless the image is too
+    small (``image_pays`` False); its input gradient too where it would otherwise be ``gemm`` (not where the direct
+    kernel takes it).
     """
     cout, kh, kw, cin = w_shape
     if groups > 1 and groups == cout and cin == 1:
@@ -131,7 +152,7 @@ def rule(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,
     if kh == kw == 1 and stride == 1 and pad == 0 and groups == 1:
         return ConvAlgorithms("pointwise", "pointwise", "pointwise")
     window = groups == 1 and kh * kw > 1
-    winograd = _winograd(w_shape, stride, pad, groups)
+    winograd = image_pays is not False and _winograd(w_shape, stride, pad, groups)
     forward = "winograd" if winograd else "direct" if window and _narrow(cout, registers) else "gemm"
     input_grad = "direct" if window and _narrow(cin, registers) else "winograd" if winograd else "gemm"
     weight_grad = ("direct" if window and (input_grad == "direct" or _folded(cin, cout, registers))

@@ -186,8 +186,9 @@ def persistent_tensors(s: Setting, param_shapes) -> Persistent:
             layout, flatten_from, fan_in, fan_out = rule.torch_layout, (), 0, 0
             if prim.kind == "conv" and role is Role.WEIGHT:
                 fan_in, fan_out = math.prod(shape[1:]), shape[0] * shape[1] * shape[2]
+                image = max((shapes[prim.inputs[0]][:3] for shapes in s.value_shapes.values()), key=math.prod)
                 conv_attrs[position] = (("conv", conv_algorithms(shape, prim.param("stride"), prim.param("padding"),
-                                                                 prim.param("groups"))),)
+                                                                 prim.param("groups"), image)),)
             if prim.kind == "fc":
                 fan_in = param_shapes[position][0][1][1]
                 source = _flatten_source(s, producer, prim)

@@ -11,7 +11,7 @@ from cpu_ref import _conv_winograd as WG
 from cpu_ref import kernels as K
 from cpu_ref._epilogue import NONE
 from planner import reference as R
-from planner.conv_algorithm import ConvAlgorithms, conv_algorithms
+from planner.conv_algorithm import ConvAlgorithms, conv_algorithms, winograd_pays
 
 F32 = np.float32
 TOL = 1e-5   # as the direct kernels' (tests/cpu/test_conv_direct.py): fp32 sums of at most 3*3*64 products
@@ -66,15 +66,6 @@ def test_the_winograd_input_gradient_matches_the_reference(n, h, w, cin, cout, a
     _assert_close(dw, want_dw)   # from an im2col + GEMM pass of its own
 
 
-def test_the_input_gradient_weight_turns_the_kernel_and_swaps_the_channels():
-    x, wt = _inputs(1, 5, 6, 8, 16)
-    dy = np.random.default_rng(5).standard_normal((1, 5, 6, 16))
-    want_dx, _ = R.conv2d_backward(x.astype(np.float64), wt.astype(np.float64), dy, 1, 1, 1)
-    turned = WG.input_grad_weight(wt)
-    assert turned.shape == (8, 3, 3, 16) and turned.flags.c_contiguous
-    np.testing.assert_allclose(R.conv2d_forward(dy, turned.astype(np.float64), 1, 1, 1), want_dx, atol=1e-9)
-
-
 @pytest.mark.parametrize("row,col", [(0, 0), (2, 3), (3, 0), (6, 8)])
 def test_a_non_finite_input_reaches_only_the_outputs_of_its_window(row, col):
     """Outputs whose 3x3 window misses the infinite input stay finite (the tile's other pixels included); those
@@ -95,7 +86,7 @@ def _run(x, wt, bands, nparts, pooled):
     u = WG.weight_transform(wt)
     v = np.empty((nparts, WG.POINTS, tiles, cin), F32)
     m = np.empty((nparts, WG.POINTS, tiles, cout), F32)
-    r = np.empty((nparts, WG.POINTS, cin), F32)
+    r = np.empty((nparts, WG.POINTS, max(cin, cout)), F32)
     y = np.full((n, h, w, cout), np.nan, F32)
     acc = np.empty((0, 0, 0), F32)
     if pooled:
@@ -115,12 +106,33 @@ def test_any_chunk_and_partition_gives_the_result_and_the_pool_the_same_bits(ban
     assert serial.tobytes() == _run(x, wt, bands, nparts, pooled=True).tobytes()
 
 
-def test_the_weight_transform_is_g_g_gt():
-    rng = np.random.default_rng(2)
-    wt = rng.standard_normal((24, 3, 3, 40)).astype(F32)
-    g = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
-    want = np.einsum("ai,oijc,bj->abco", g, wt.astype(np.float64), g).reshape(16, 40, 24)
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+def _g_g_gt(wt):
+    """``G g G^T`` in float64 for each (input, output) channel of an OHWI weight: ``(16, Cin, Cout)``."""
+    cout, _, _, cin = wt.shape
+    return np.einsum("ai,oijc,bj->abco", G, wt.astype(np.float64), G).reshape(16, cin, cout)
+
+
+@pytest.mark.parametrize("cout,cin", [(24, 40), (40, 24), (64, 64), (17, 130)])   # whole and cut-off channel blocks
+def test_the_weight_transform_is_g_g_gt(cout, cin):
+    wt = np.random.default_rng(2).standard_normal((cout, 3, 3, cin)).astype(F32)
+    want = _g_g_gt(wt)
     np.testing.assert_allclose(WG.weight_transform(wt), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("cout,cin", [(24, 40), (64, 64), (17, 130)])
+def test_the_turned_transform_is_that_of_the_input_gradients_weight(cout, cin):
+    """The input gradient's weight turns the kernel by 180 degrees and swaps the channels (checked against the
+    reference's input gradient); the turned transform is that weight's ``G g G^T``."""
+    x, wt = _inputs(1, 5, 6, cin, cout)
+    dy = np.random.default_rng(5).standard_normal((1, 5, 6, cout))
+    turned = wt[:, ::-1, ::-1, :].transpose(3, 1, 2, 0)
+    want_dx, _ = R.conv2d_backward(x.astype(np.float64), wt.astype(np.float64), dy, 1, 1, 1)
+    np.testing.assert_allclose(R.conv2d_forward(dy, turned.astype(np.float64), 1, 1, 1), want_dx, atol=1e-9)
+    want = _g_g_gt(turned)
+    np.testing.assert_allclose(WG.weight_transform(wt, turned=True), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("tiles_per_band,cin,cout,small,bands", [
@@ -160,6 +172,38 @@ def test_the_rule_takes_winograd_for_3x3_stride_1_layers_of_64_to_256_channels(w
         assert (chosen.forward, chosen.input_grad) == (forward, dx[k]), registers
         if chosen.input_grad == "winograd":
             assert chosen.weight_grad == "gemm"   # a pass of its own
+
+
+@pytest.mark.parametrize("image,pays", [
+    ((8, 14, 14), True),      # resnet50's 256-channel layers at batch 8: 392 tiles
+    ((3, 14, 14), True),      # 147
+    ((1, 24, 24), True),      # 144: the least
+    ((1, 22, 24), False),     # 132
+    ((1, 14, 14), False),     # 49: batch 1
+    ((2, 8, 8), False),       # 32
+    ((32, 7, 7), True),       # 512 tiles filled 77%
+    ((32, 5, 5), False),      # 288 tiles filled 69%
+    ((128, 3, 3), False),     # 512 tiles filled 56%
+    ((256, 1, 1), False),     # 25%
+])
+def test_winograd_pays_on_enough_full_tiles(image, pays):
+    assert winograd_pays(*image) is pays
+    chosen = conv_algorithms((128, 3, 3, 128), 1, 1, 1, image, registers=16)
+    assert chosen == (("winograd", "winograd", "gemm") if pays else ("gemm", "gemm", "gemm"))
+
+
+def test_the_kernels_own_rule_reads_the_input_image(monkeypatch):
+    """Without the plan's choice, the kernels apply the rule to the input they get: a batch of 1 at 14x14 is too
+    little work for Winograd, 8 is enough."""
+    ran = []
+    original = C._run_winograd
+    monkeypatch.setattr(C, "_run_winograd", lambda *a, **k: (ran.append(a[0].shape[0]), original(*a, **k))[1])
+    for n in (1, 8):
+        x, wt = _inputs(n, 14, 14, 64, 64)
+        y = np.empty((n, 14, 14, 64), F32)
+        K.conv2d_forward(x, wt, y, 1, 1, 1, np.empty(n * 14 * 14 * 9 * 64, F32))
+        _assert_close(y, _reference(x, wt))
+    assert ran == [8]
 
 
 def test_conv2d_forward_runs_winograd_where_the_plan_recorded_it(monkeypatch):

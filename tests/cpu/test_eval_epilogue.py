@@ -101,8 +101,9 @@ def test_an_epilogue_is_refused_where_the_algorithm_has_none():
 
 
 # every zoo model with a convolution followed by BatchNorm, small: (name, input H, W, C, batch)
+# (VGG at batch 3: its 128-channel 16x16 layers have enough tiles for Winograd, `planner.conv_algorithm.winograd_pays`)
 ZOO = [("resnet20", (16, 16, 3), 2), ("resnet18", (32, 32, 3), 2), ("resnet50", (32, 32, 3), 2),
-       ("mobilenet_v2", (32, 32, 3), 2), ("vgg11_bn", (32, 32, 3), 2), ("mobilenet_v3_small", (32, 32, 3), 2),
+       ("mobilenet_v2", (32, 32, 3), 2), ("vgg11_bn", (32, 32, 3), 3), ("mobilenet_v3_small", (32, 32, 3), 2),
        ("efficientnet_b0", (32, 32, 3), 2)]
 
 
@@ -113,8 +114,13 @@ def _zoo_plan(name, shape):
 
 def _chains(ex, shape):
     """The chains the executor runs in the eval graph at ``shape`` (found without running anything)."""
+    return [c for _, c in _chain_ops(ex, shape)]
+
+
+def _chain_ops(ex, shape):
+    """``(op index, chain)`` of each chain the executor runs in the eval graph at ``shape``."""
     variant = ex._variant_for(shape, "eval")
-    return [c for c in ex._eval_chains(variant, "eval", ex._variant_views(variant)).values() if c is not None]
+    return [(i, c) for i, c in ex._eval_chains(variant, "eval", ex._variant_views(variant)).items() if c is not None]
 
 
 @pytest.mark.parametrize("name, hwc, batch", ZOO, ids=[m[0] for m in ZOO])
@@ -139,10 +145,16 @@ def test_the_chains_leave_every_zoo_models_eval_results_unchanged(name, hwc, bat
 
 
 def test_the_zoo_exercises_every_way_to_the_output():
-    """In the arena, the models of the test above have chains of each way to the output, so that test checks each.
-    (Found here on its own: under pytest-xdist the test above may run in another process.)"""
-    modes = collections.Counter()
+    """In the arena, the models of the test above have chains of each way to the output, and chains after each
+    forward algorithm that takes one, so that test checks each. (Found here on its own: under pytest-xdist the test
+    above may run in another process.)"""
+    modes, algorithms = collections.Counter(), collections.Counter()
     for name, hwc, batch in ZOO:
         shape = (batch, *hwc)
-        modes.update(c.mode for c in _chains(CpuExecutor(_zoo_plan(name, shape)), shape))
+        plan = _zoo_plan(name, shape)
+        ops = {op.index: op for op in plan.graphs["eval"].ops}
+        for index, chain in _chain_ops(CpuExecutor(plan), shape):
+            modes[chain.mode] += 1
+            algorithms[ops[index].attr("conv").forward] += 1
     assert set(modes) == {"scratch", "in place", "copy"}, modes
+    assert set(algorithms) == {"pointwise", "direct", "winograd", "gemm"}, algorithms

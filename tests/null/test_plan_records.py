@@ -22,11 +22,11 @@ PLANS = [
 ]
 
 
-def compile_plan(model, fused, training, slots):
+def compile_plan(model, fused, training, slots, batch=2):
     entry = zoo.MODELS[model]
     h, w, c = entry.input_shape
     arch = ArchPlan.from_blueprint(entry.build(), in_channels=c, fuse=fused, amp=fused)
-    variants = {"train": (2, h, w, c), "eval": (1, h, w, c)} if training else {"eval": (1, h, w, c)}
+    variants = {"train": (batch, h, w, c), "eval": (1, h, w, c)} if training else {"eval": (1, h, w, c)}
     return Compiler(arch).compile(variants, training=training, optimizer_state_slots=slots)
 
 
@@ -164,14 +164,18 @@ def test_every_record_of_a_plan_has_all_its_fields(plan):
                 assert isinstance(o.tensor, int) and isinstance(o.position, int) and isinstance(o.value, int)
 
 
-def test_every_unfused_convolution_records_its_cpu_algorithms():
+@pytest.mark.parametrize("batch", [2, 16])
+def test_every_unfused_convolution_records_its_cpu_algorithms(batch):
     """Each conv op of every graph carries the ``conv`` attr: the rule applied to its own weight, stride, padding
-    and groups (written out here for resnet20's layers), the same in forward and backward; the per-layer
-    summary shows it."""
+    and groups, and to the largest variant's image (written out here for resnet20's layers: its 64-channel 8x8
+    layers are Winograd's with 16 tiles a sample at batch 16, not at batch 2; the eval graph's batch 1 has the
+    train graph's choice), the same in forward and backward; the per-layer summary shows it."""
     from blueprint._summary import cpu_conv_algorithms, format_summary
     from planner.conv_algorithm import ConvAlgorithms, target_vector_registers
-    plan = compile_plan("resnet20", False, True, 1)
+    plan = compile_plan("resnet20", False, True, 1, batch)
     wide = target_vector_registers() == 32   # AVX-512: the direct kernels take 64 channels too
+    winograd = (("winograd", "direct", "direct") if wide else ("winograd", "winograd", "gemm")) if batch == 16 else \
+        (("direct", "direct", "direct") if wide else ("gemm", "gemm", "gemm"))
     weight = {p.layer: p.shape for p in plan.params if p.role is Role.WEIGHT}
     expected = {  # (weight shape, stride) -> algorithms
         ((16, 3, 3, 3), 1): ("direct", "gemm", "direct"),   # the stem: dW blocks across the kernel columns
@@ -180,7 +184,7 @@ def test_every_unfused_convolution_records_its_cpu_algorithms():
         ((32, 3, 3, 32), 1): ("direct", "direct", "direct"),
         ((32, 1, 1, 16), 2): ("gemm", "gemm", "gemm"),
         ((64, 3, 3, 32), 2): ("direct", "direct", "direct") if wide else ("gemm", "direct", "gemm"),
-        ((64, 3, 3, 64), 1): ("winograd", "direct", "direct") if wide else ("winograd", "winograd", "gemm"),
+        ((64, 3, 3, 64), 1): winograd,
         ((64, 1, 1, 32), 2): ("gemm", "gemm", "gemm"),
     }
     seen = 0
