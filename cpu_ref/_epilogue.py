@@ -22,7 +22,7 @@ from numba import njit
 
 from planner.scalar_activations import relu as _scalar_relu
 
-_relu = njit(cache=True, inline="always")(_scalar_relu)   # cache=True: every kernel of cpu_ref is cached
+relu_scalar = njit(cache=True, inline="always")(_scalar_relu)   # cache=True: every kernel of cpu_ref is cached
 _ZERO = np.float32(0.0)
 
 
@@ -58,13 +58,13 @@ def apply_rows(src, s0, out, r0, r1, scale, shift, residual, relu):
             q = residual[r0 + i]
             if relu:
                 for j in range(c):
-                    o[j] = _relu(s[j] * scale[j] + shift[j] + q[j], _ZERO, _ZERO)
+                    o[j] = relu_scalar(s[j] * scale[j] + shift[j] + q[j], _ZERO, _ZERO)
             else:
                 for j in range(c):
                     o[j] = s[j] * scale[j] + shift[j] + q[j]
         elif relu:
             for j in range(c):
-                o[j] = _relu(s[j] * scale[j] + shift[j], _ZERO, _ZERO)
+                o[j] = relu_scalar(s[j] * scale[j] + shift[j], _ZERO, _ZERO)
         else:
             for j in range(c):
                 o[j] = s[j] * scale[j] + shift[j]

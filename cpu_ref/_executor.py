@@ -10,6 +10,9 @@ the chain as its epilogue (`cpu_ref._epilogue`), block by block while its output
 op reads the intermediate values (`_find_chains`; where the plan put the chain's output over memory the
 convolution still reads, one copy moves the result there afterwards). The result is bit-identical to the
 kernels run one by one (``eval_epilogues=False``); the chain's intermediate tensors are then not written.
+Likewise, in a training graph, BatchNorm followed by the residual add and/or ReLU whose intermediate values no
+other op reads (forward or backward: ReLU's backward reads its output) runs as one pass
+(`_find_train_chains`, ``train_epilogues=False`` for op by op).
 """
 from __future__ import annotations
 
@@ -36,8 +39,10 @@ class CpuExecutor(ExecutorBase):
 
     ``separate_buffers=True`` gives every tensor its own array instead of its place in the arena (the results
     are bit-identical: a check of the memory plan). ``eval_epilogues=False`` runs an eval graph's
-    ``conv -> bn [-> add] [-> relu]`` chains op by op instead of as the convolution's epilogue: the same bits,
-    slower, and every intermediate tensor written (for inspecting them while debugging).
+    ``conv -> bn [-> add] [-> relu]`` chains op by op instead of as the convolution's epilogue, and
+    ``train_epilogues=False`` a training graph's ``bn -> add``, ``bn -> relu`` and ``bn -> add -> relu`` chains
+    instead of in BatchNorm's pass: the same bits, slower, and every intermediate tensor written (for inspecting
+    them while debugging).
 
     >>> from blueprint import zoo
     >>> from planner import ArchPlan
@@ -50,7 +55,7 @@ class CpuExecutor(ExecutorBase):
     """
 
     def __init__(self, plan, loss=None, optimizer=None, seed: int = 0, separate_buffers: bool = False,
-                 eval_epilogues: bool = True):
+                 eval_epilogues: bool = True, train_epilogues: bool = True):
         if plan.arch.fuse or plan.arch.amp:
             raise ValueError("CpuExecutor runs fp32 unfused plans: build the ArchPlan with fuse=False, amp=False "
                              "(fused fp16 plans run on CudaExecutor)")
@@ -60,8 +65,9 @@ class CpuExecutor(ExecutorBase):
         self.arena = np.zeros(plan.memory.arena_bytes, dtype=np.uint8)
         self._separate = separate_buffers
         self._eval_epilogues = eval_epilogues
+        self._train_epilogues = train_epilogues
         self.threaded_linear = threaded_linear(plan)
-        self._chains: dict[tuple[str, str], dict[int, _Chain | None]] = {}
+        self._chains: dict[tuple[str, str], dict[int, _Chain | _TrainChain | None]] = {}
         self._views: dict[str, dict[int, np.ndarray]] = {}
         self._persistent = {t.id: self._view(t, t.shape) for t in plan.tensors if not t.graph}
         self._regions = {name: self._region_view(name) for name in ("params", "grads", "optim")}
@@ -110,7 +116,7 @@ class CpuExecutor(ExecutorBase):
     def _train(self, variant, x, y, lr):
         self._lr = lr
         views = self._load_batch(variant, x, y)
-        self._run_schedule("train", views, lambda op: self._run(op, views, variant))
+        self._run_schedule("train", views, self._runner(views, variant, "train"))
         return FinishedStep(*step_result(views[self.plan.io["loss"]], views[self.plan.io["correct"]]))
 
     def _load_batch(self, variant, x, y):
@@ -122,15 +128,19 @@ class CpuExecutor(ExecutorBase):
 
     # ---- the eval graph's convolution epilogues ----------------------------------------------------------
     def _eval_chains(self, variant, graph, views) -> dict:
-        """Op index -> its `_Chain` (a convolution that runs one) or None (an op a chain absorbed); empty for
-        a training graph or with ``eval_epilogues=False``. Found once per (variant, graph)."""
+        """Op index -> its `_Chain` (a convolution that runs one, in an eval graph) or `_TrainChain` (a BatchNorm,
+        in a training graph), or None (an op a chain absorbed); empty with ``eval_epilogues=False`` or
+        ``train_epilogues=False`` for the graph's kind. Found once per (variant, graph)."""
         key = (variant, graph)
         if key not in self._chains:
-            self._chains[key] = _find_chains(self.plan, graph, views) if self._eval_epilogues else {}
+            train = graph == "train"
+            find = _find_train_chains if train else _find_chains
+            self._chains[key] = find(self.plan, graph, views) if (
+                self._train_epilogues if train else self._eval_epilogues) else {}
         return self._chains[key]
 
     def _runner(self, views, variant, graph):
-        """``run_op`` for `_run_schedule`: `_run`, except that a chain's convolution runs the chain and the ops
+        """``run_op`` for `_run_schedule`: `_run`, except that a chain's first op runs the chain and the ops
         it absorbed are skipped."""
         chains = self._eval_chains(variant, graph, views)
         if not chains:
@@ -140,7 +150,9 @@ class CpuExecutor(ExecutorBase):
             if op.index not in chains:
                 self._run(op, views, variant)
             elif chains[op.index] is not None:
-                _conv_fwd_chain(self, self.plan.arch.layers[op.layer], op, views, chains[op.index])
+                chain = chains[op.index]
+                run = _bn_train_chain if type(chain) is _TrainChain else _conv_fwd_chain
+                run(self, self.plan.arch.layers[op.layer], op, views, chain)
         return run_op
 
     # ---- op dispatch -----------------------------------------------------------------------------------
@@ -318,20 +330,71 @@ def _conv_fwd_chain(ex, layer, op, views, chain):
 _EMPTY_2D = np.zeros((0, 0), np.float32)
 
 
+class _TrainChain(NamedTuple):
+    """A training BatchNorm's epilogue: the residual the add joins (or None), whether ReLU follows, and the chain's
+    output tensor (the last op's)."""
+    residual: int | None
+    relu: bool
+    out: int
+
+
+def _find_train_chains(plan, graph, views) -> dict:
+    """The chains ``bn [-> add] [-> relu]`` (at least one of the two) of consecutive forward ops of a training graph
+    whose intermediate values no other op of the graph reads, whose output is disjoint from BatchNorm's input (which
+    its backward reads) and either the residual or disjoint from it."""
+    ops = plan.graphs[graph].ops
+    touched = lifetimes(plan.graphs[graph])
+    io = set(plan.io.values())
+
+    def only_input_of_next(tid, i):
+        return touched.get(tid) == (i, i + 1) and tid not in io and ops[i + 1].direction == "forward"
+
+    chains = {}
+    for i, op in enumerate(ops[:-1]):
+        if op.kind != Prim.BN2D.value or op.direction != "forward" or not op.attr("training"):
+            continue
+        absorbed, out, residual, relu, j = [], op.written(Role.Y), None, False, i + 1
+        if only_input_of_next(out, i) and ops[j].kind == Prim.ADD.value:
+            a, b = ops[j].read(Role.A), ops[j].read(Role.B)
+            if out in (a, b) and a != b:
+                residual = b if a == out else a
+                absorbed.append(j)
+                out, j = ops[j].written(Role.Y), j + 1
+        if j < len(ops) and only_input_of_next(out, j - 1) and ops[j].kind == Prim.RELU.value \
+                and ops[j].read(Role.X) == out:
+            relu = True
+            absorbed.append(j)
+            out = ops[j].written(Role.Y)
+        final = views[out]
+        if not absorbed or _overlap(final, views[op.read(Role.X)]) or (
+                residual is not None and _overlap(final, views[residual]) and not _same(final, views[residual])):
+            continue
+        chains[i] = _TrainChain(residual, relu, out)
+        chains.update((k, None) for k in absorbed)
+    return chains
+
+
+def _bn_train_chain(ex, layer, op, views, chain):
+    _bn_fwd(ex, layer, op, views, views[chain.out], _EMPTY_2D if chain.residual is None else _as2d(
+        views[chain.residual]), chain.relu)
+
+
 def _col(op, views):
     col = _v(op, views, Role.COL, True)
     return col if col is not None else np.zeros((0, 0), np.float32)
 
 
 @CPU.implements((Prim.BN2D, Prim.BN1D), "forward")
-def _bn_fwd(ex, layer, op, views):
-    x, y = _as2d(_v(op, views, Role.X)), _as2d(_v(op, views, Role.Y, True))
+def _bn_fwd(ex, layer, op, views, out=None, residual=_EMPTY_2D, relu=False):
+    """BatchNorm's forward; with ``out`` (a training chain's output, `_bn_train_chain`), ``relu?(bn + residual)``
+    into it instead of BatchNorm's output."""
+    x, y = _as2d(_v(op, views, Role.X)), _as2d(_v(op, views, Role.Y, True) if out is None else out)
     gamma, beta = _v(op, views, Role.WEIGHT), _v(op, views, Role.BIAS)
     mean, var = _v(op, views, Role.RUNNING_MEAN), _v(op, views, Role.RUNNING_VAR)
     if op.attr("training"):
         K.batchnorm_forward_train(x, gamma, beta, y, _v(op, views, Role.SAVE_MEAN, True),
                                   _v(op, views, Role.SAVE_INVSTD, True), mean, var, layer.param("momentum"),
-                                  layer.param("eps"), ex.batchnorm_sums)
+                                  layer.param("eps"), ex.batchnorm_sums, residual, relu)
         tracked = _v(op, views, Role.NUM_BATCHES_TRACKED, True)
         tracked[()] += 1
     else:

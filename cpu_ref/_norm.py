@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from cpu_ref._epilogue import eval_scale_shift
+from cpu_ref._epilogue import eval_scale_shift, relu_scalar
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, float64_sums
 
@@ -135,14 +135,51 @@ def _scale_shift(x2d, scale, shift, y2d):
     run_split(_scale_shift_span, _scale_shift_parallel, x2d.size, x2d, _tiled(scale, c), _tiled(shift, c), y2d)
 
 
+@njit(cache=True)
+def _chain_span(x2d, scale_t, shift_t, residual, relu, y2d, t, nparts):
+    """``y = relu?(x * scale + shift (+ residual))``, as `_scale_shift_span`, then the add and ReLU kernels, compute
+    it (``residual``: ``(M, C)``, or ``(0, 0)`` for none); each branch is its own loop, so that each vectorises."""
+    lo, hi = partition(x2d.shape[0], t, nparts)
+    width = scale_t.size
+    xf, yf = x2d[lo:hi].reshape(-1), y2d[lo:hi].reshape(-1)
+    rf = residual[lo:hi].reshape(-1) if residual.shape[0] > 0 else residual.reshape(-1)
+    zero = np.float32(0.0)
+    for start in range(0, xf.size, width):
+        xb, yb = xf[start:start + width], yf[start:start + width]
+        if rf.size > 0:
+            rb = rf[start:start + width]
+            if relu:
+                for e in range(xb.size):
+                    yb[e] = relu_scalar(xb[e] * scale_t[e] + shift_t[e] + rb[e], zero, zero)
+            else:
+                for e in range(xb.size):
+                    yb[e] = xb[e] * scale_t[e] + shift_t[e] + rb[e]
+        else:
+            for e in range(xb.size):
+                yb[e] = relu_scalar(xb[e] * scale_t[e] + shift_t[e], zero, zero)
+
+
+@njit(cache=True, parallel=True)
+def _chain_parallel(x2d, scale_t, shift_t, residual, relu, y2d, nparts):
+    for t in prange(nparts):
+        _chain_span(x2d, scale_t, shift_t, residual, relu, y2d, t, nparts)
+
+
 def local_channel_sums(count, s1, s2):
     """The per-channel sums BN normalises with: this replica's own (``(count, s1, s2)`` unchanged).
     Synchronised BN (`blueprint.distributed`) passes a function that sums them over every replica."""
     return count, s1, s2
 
 
+#: `batchnorm_forward_train`'s ``residual`` for none.
+NO_RESIDUAL = np.zeros((0, 0), np.float32)
+
+
 def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, running_mean, running_var, momentum, eps,
-                            reduce_sums=local_channel_sums):
+                            reduce_sums=local_channel_sums, residual=NO_RESIDUAL, relu=False):
+    """Training BatchNorm of ``x2d`` into ``y2d``; with a ``residual`` ``(M, C)`` and/or ``relu``, ``y2d`` gets
+    ``relu?(bn(x) + residual)`` in the same pass, bit-identical to the add and ReLU kernels run after it (a training
+    graph's ``bn [-> add] [-> relu]`` chain, `cpu_ref._executor`). ``y2d`` may be ``residual``'s rows, not ``x2d``'s."""
     m, c = x2d.shape
     m, total, total_sq = reduce_sums(m, *_channel_sums(x2d, x2d))
     mean = total / m
@@ -153,7 +190,12 @@ def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, runni
     running_mean[:] = (1 - momentum) * running_mean + momentum * mean
     running_var[:] = (1 - momentum) * running_var + momentum * (var * (m / max(m - 1, 1)))
     scale = (gamma * invstd).astype(np.float32)
-    _scale_shift(x2d, scale, beta - mean * scale, y2d)
+    if residual.shape[0] == 0 and not relu:
+        _scale_shift(x2d, scale, beta - mean * scale, y2d)
+        return
+    c = x2d.shape[1]
+    run_split(_chain_span, _chain_parallel, x2d.size, x2d, _tiled(scale, c), _tiled(beta - mean * scale, c), residual,
+              relu, y2d)
 
 
 def batchnorm_forward_eval(x2d, gamma, beta, running_mean, running_var, eps, y2d):

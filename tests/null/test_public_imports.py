@@ -40,6 +40,7 @@ ALLOWED = {
     "cpu_ref._conv_direct": "white-box CPU kernel tests",
     "cpu_ref._conv_winograd": "white-box CPU kernel tests (chunks, partitions and the weight transform)",
     "cpu_ref._epilogue": "white-box CPU kernel tests (the no-epilogue argument a span takes)",
+    "cpu_ref._executor": "white-box tests of the training chains' finder (what it refuses to take)",
     "cpu_ref._linear": "white-box CPU kernel tests (the partitions of the fully connected layer's products)",
     "cpu_ref._misc": "white-box CPU kernel tests",
     "cpu_ref._norm": "white-box CPU kernel tests (BatchNorm's channel sums, every remainder of its strips and chunks)",
