@@ -39,6 +39,7 @@ from cpu_ref._conv_direct import direct_forward, direct_input_grad, direct_weigh
 from cpu_ref._conv_winograd import POINTS, chunk_bands, weight_transform, winograd_parallel, winograd_span
 from cpu_ref._epilogue import NONE, apply_rows
 from cpu_ref._misc import partition, partitions, run_partitioned, run_split, window
+from cpu_ref._workspace import workspace
 from planner.conv_algorithm import conv_algorithms
 
 #: Bytes of im2col matrix a worker fills per GEMM: about one L2, so the GEMM reads it from cache.
@@ -435,18 +436,19 @@ def _run_winograd(x, w, ymat, epilogue=NONE, accumulate=False, turned=False):
     """Winograd's F(2x2, 3x3) (3x3, stride 1, padding 1, groups 1) of ``x`` by ``w`` into ``ymat``, with an
     `Epilogue` or `NONE`, or added into ``ymat`` (``accumulate``); with ``turned``, by the input gradient's weight
     (``w`` turned by 180 degrees, its channels swapped: ``x`` is then ``dy``). Its workspaces (the transformed weight,
-    and per partition a chunk of transformed input and output tiles) are its own."""
+    and per partition a chunk of transformed input and output tiles) are its own, kept between calls
+    (`cpu_ref._workspace`)."""
     n, h, wd, cin = x.shape
     cout = w.shape[3] if turned else w.shape[0]
     th, tw = (h + 1) // 2, (wd + 1) // 2
     nparts, blas_context = _gemm_partitions(n * th)
     bands = min(chunk_bands(tw, cin, cout, _small_gemm_macs()), -(-n * th // nparts))
-    u = weight_transform(w, turned)
+    u = weight_transform(w, turned, workspace("winograd u", (POINTS, cin, cout)))   # x's channels in, ymat's out
     slab = bands * tw + 1   # rows per point; one spare, so that the 16 points' rows never lie a power of 2 apart
-    v = np.empty((nparts, POINTS, slab, cin), np.float32)
-    m = np.empty((nparts, POINTS, slab, cout), np.float32)
-    r = np.empty((nparts, POINTS, max(cin, cout)), np.float32)
-    acc = np.empty((nparts, 2 * bands * wd, cout) if accumulate else (0, 0, 0), np.float32)
+    v = workspace("winograd v", (nparts, POINTS, slab, cin))
+    m = workspace("winograd m", (nparts, POINTS, slab, cout))
+    r = workspace("winograd r", (nparts, POINTS, max(cin, cout)))
+    acc = workspace("winograd acc", (nparts, 2 * bands * wd, cout) if accumulate else (0, 0, 0))
     with blas_context:
         run_partitioned(winograd_span, winograd_parallel, nparts, ymat.size * 9 * cin // MACS_PER_ELEMENT, x, u,
                         ymat, v, m, r, acc, bands, *epilogue)

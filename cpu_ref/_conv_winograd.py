@@ -130,13 +130,19 @@ def _weight_parallel(w3, u, point, turned, nparts):
         _weight_span(w3, u, point, turned, t, nparts)
 
 
-def weight_transform(w, turned=False):
+def weight_transform(w, turned=False, u=None):
     """``U`` ``(16, Cin, Cout)`` of an OHWI 3x3 weight ``w``: ``G g G^T`` for each (input, output) channel. With
     ``turned``, ``(16, Cout, Cin)``: the same of the input gradient's weight, ``w`` turned by 180 degrees with its
-    channels swapped (whose convolution of ``dy``, 3x3, stride 1, padding 1, is the input gradient)."""
+    channels swapped (whose convolution of ``dy``, 3x3, stride 1, padding 1, is the input gradient). Into ``u``
+    where given (C-contiguous, of that shape)."""
     cout, _, _, cin = w.shape
     w3 = np.ascontiguousarray(w).reshape(cout, 9, cin)
-    u = np.empty((POINTS, cout, cin) if turned else (POINTS, cin, cout), np.float32)
+    shape = (POINTS, cout, cin) if turned else (POINTS, cin, cout)
+    if u is None:
+        u = np.empty(shape, np.float32)
+    elif u.shape != shape or not u.flags.c_contiguous:
+        raise ValueError(f"weight_transform: u must be a C-contiguous {shape} array for a {w.shape} weight "
+                         f"(turned={turned}); got {u.shape}")
     run_split(_weight_span, _weight_parallel, u.size, w3, u, TURNED_POINT, turned)
     return u
 

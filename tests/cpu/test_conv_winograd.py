@@ -3,6 +3,8 @@ image sizes (the last tile cut off), images smaller than a tile, channel counts 
 samples, the input gradient overwritten and added into; chunks of one band to all of a partition's, one to three
 partitions, serially and on the thread pool (the same bits); the weight transform against ``G g G^T`` in float64;
 the rule that sends a layer there and the kernels' refusal of a shape they cannot compute."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from cpu_ref import _conv as C
 from cpu_ref import _conv_winograd as WG
 from cpu_ref import kernels as K
 from cpu_ref._epilogue import NONE
+from cpu_ref._workspace import workspace
 from planner import reference as R
 from planner.conv_algorithm import ConvAlgorithms, conv_algorithms, winograd_pays
 
@@ -231,3 +234,30 @@ def test_winograd_refuses_a_shape_it_cannot_compute(w_shape, stride, pad, groups
     with pytest.raises(ValueError, match="conv2d_backward: the winograd algorithm computes 3x3 convolutions"):
         K.conv2d_backward(x, np.ones(w_shape, F32), np.ones((1, 6, 6, 8), F32), np.empty(x.shape, F32),
                           np.empty(w_shape, F32), stride, pad, groups, np.empty(6 * 6 * 9 * 8, F32), False, WINOGRAD)
+
+
+def test_a_workspace_is_kept_per_thread_and_name_and_grows():
+    a = workspace("test a", (2, 3))
+    assert a.shape == (2, 3) and a.dtype == F32 and a.flags.c_contiguous
+    assert np.shares_memory(workspace("test a", (6,)), a)           # the same memory again
+    assert not np.shares_memory(workspace("test b", (2, 3)), a)      # another name, other memory
+    big = workspace("test a", (4, 5))                                 # larger: new memory, kept from then on
+    assert big.shape == (4, 5) and np.shares_memory(workspace("test a", (2, 3)), big)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(workspace("test a", (2, 3))))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(other[0], big)                        # another thread, its own
+
+
+def test_winograd_runs_repeat_with_their_workspaces_reused():
+    """Second calls, whose workspaces hold the first calls' values, give the same bits (a larger layer in between
+    grows them)."""
+    x, wt = _inputs(2, 9, 7, 16, 24, seed=4)
+    first = np.empty((2, 9, 7, 24), F32)
+    K.conv2d_forward(x, wt, first, 1, 1, 1, None, WINOGRAD)
+    big_x, big_w = _inputs(1, 12, 12, 64, 64, seed=5)
+    K.conv2d_forward(big_x, big_w, np.empty((1, 12, 12, 64), F32), 1, 1, 1, None, WINOGRAD)
+    again = np.full_like(first, np.nan)
+    K.conv2d_forward(x, wt, again, 1, 1, 1, None, WINOGRAD)
+    assert first.tobytes() == again.tobytes()

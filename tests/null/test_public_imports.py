@@ -43,6 +43,7 @@ ALLOWED = {
     "cpu_ref._executor": "white-box tests of the training chains' finder (what it refuses to take)",
     "cpu_ref._linear": "white-box CPU kernel tests (the partitions of the fully connected layer's products)",
     "cpu_ref._misc": "white-box CPU kernel tests",
+    "cpu_ref._workspace": "white-box CPU kernel tests (which memory a workspace reuses)",
     "cpu_ref._norm": "white-box CPU kernel tests (BatchNorm's channel sums, every remainder of its strips and chunks)",
     "cpu_ref._table": "the CPU path's op table, checked against the registry",
     "cuda_kernels._conv": _KERNELS,
