@@ -261,3 +261,10 @@ def test_winograd_runs_repeat_with_their_workspaces_reused():
     again = np.full_like(first, np.nan)
     K.conv2d_forward(x, wt, again, 1, 1, 1, None, WINOGRAD)
     assert first.tobytes() == again.tobytes()
+
+
+def test_the_weight_transform_refuses_an_array_of_another_shape():
+    wt = np.zeros((24, 3, 3, 40), F32)
+    with pytest.raises(ValueError, match=r"u must be a C-contiguous \(16, 40, 24\) array"):
+        WG.weight_transform(wt, u=np.empty((16, 24, 40), F32))
+    WG.weight_transform(wt, turned=True, u=np.empty((16, 24, 40), F32))   # the turned transform's shape
