@@ -55,11 +55,13 @@ MIN_FOLDED_PAIRS = 4
 WINOGRAD_CHANNELS = (64, 256)
 #: ... and only where the image gives it work: at least this many 2x2 output tiles (over the batch; the weight
 #: transform and the chunks' fixed costs are paid per call) ...: with 49-128 tiles (batch 1 at 14x14 to batch 8 at
-#: 8x8, 2 threads) the forward of 64-256 channels ran 0.84-1.23x im2col + GEMM's (or direct's) with AVX2 and the
-#: input gradient 0.93-1.10x; from 147 tiles 0.84-0.95x and 0.85-0.89x (AVX-512: 0.68-0.80x, 0.80-0.83x).
+#: 8x8, 2 threads, AVX2) the forward of 64-256 channels ran 0.83-1.23x the rule's other choice (im2col + GEMM or
+#: direct) and the input gradient of 128-256 channels 0.93-1.22x; with 147-196 tiles 0.78-0.98x and 0.74-0.89x
+#: (AVX-512: 0.66-0.83x and 0.69-0.83x). benchmarks/RESULTS.md has the table.
 MIN_WINOGRAD_TILES = 144
-#: ... whose pixels fill at least this share of their tiles (an odd size cuts the last row and column off): a 3x3
-#: or 5x5 image fills 56% or 69%, and with 288-512 tiles its forward ran 0.86-2.5x the others'; 7x7 (77%) gained.
+#: ... whose pixels fill at least this share of their tiles (an odd size cuts the last row and column off): at 3x3
+#: and 5x5 (56% and 69% filled, 288-512 tiles) 128- and 256-channel layers ran 0.86-1.04x the other choice's
+#: forward and 0.96-1.05x its input gradient; at 7x7 (77%) 0.68-0.92x and 0.89-0.99x.
 MIN_TILE_FILL = 0.75
 
 
