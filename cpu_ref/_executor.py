@@ -126,8 +126,8 @@ class CpuExecutor(ExecutorBase):
             views[self.plan.io["labels"]][...] = y
         return views
 
-    # ---- the eval graph's convolution epilogues ----------------------------------------------------------
-    def _eval_chains(self, variant, graph, views) -> dict:
+    # ---- chains: the eval graph's convolution epilogues, the training graph's BatchNorm ones ---------------
+    def _op_chains(self, variant, graph, views) -> dict:
         """Op index -> its `_Chain` (a convolution that runs one, in an eval graph) or `_TrainChain` (a BatchNorm,
         in a training graph), or None (an op a chain absorbed); empty with ``eval_epilogues=False`` or
         ``train_epilogues=False`` for the graph's kind. Found once per (variant, graph)."""
@@ -142,7 +142,7 @@ class CpuExecutor(ExecutorBase):
     def _runner(self, views, variant, graph):
         """``run_op`` for `_run_schedule`: `_run`, except that a chain's first op runs the chain and the ops
         it absorbed are skipped."""
-        chains = self._eval_chains(variant, graph, views)
+        chains = self._op_chains(variant, graph, views)
         if not chains:
             return lambda op: self._run(op, views, variant)
 

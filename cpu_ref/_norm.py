@@ -154,7 +154,7 @@ def _chain_span(x2d, scale_t, shift_t, residual, relu, y2d, t, nparts):
             else:
                 for e in range(xb.size):
                     yb[e] = xb[e] * scale_t[e] + shift_t[e] + rb[e]
-        else:
+        else:   # no residual: ReLU (`batchnorm_forward_train` sends BatchNorm alone to `_scale_shift`)
             for e in range(xb.size):
                 yb[e] = relu_scalar(xb[e] * scale_t[e] + shift_t[e], zero, zero)
 
@@ -193,7 +193,6 @@ def batchnorm_forward_train(x2d, gamma, beta, y2d, save_mean, save_invstd, runni
     if residual.shape[0] == 0 and not relu:
         _scale_shift(x2d, scale, beta - mean * scale, y2d)
         return
-    c = x2d.shape[1]
     run_split(_chain_span, _chain_parallel, x2d.size, x2d, _tiled(scale, c), _tiled(beta - mean * scale, c), residual,
               relu, y2d)
 

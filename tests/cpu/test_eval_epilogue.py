@@ -120,7 +120,7 @@ def _chains(ex, shape):
 def _chain_ops(ex, shape):
     """``(op index, chain)`` of each chain the executor runs in the eval graph at ``shape``."""
     variant = ex._variant_for(shape, "eval")
-    return [(i, c) for i, c in ex._eval_chains(variant, "eval", ex._variant_views(variant)).items() if c is not None]
+    return [(i, c) for i, c in ex._op_chains(variant, "eval", ex._variant_views(variant)).items() if c is not None]
 
 
 @pytest.mark.parametrize("name, hwc, batch", ZOO, ids=[m[0] for m in ZOO])

@@ -88,7 +88,7 @@ def _plan(name, shape):
 
 def _train_chains(ex, shape):
     variant = ex._variant_for(shape, "train")
-    return {i: c for i, c in ex._eval_chains(variant, "train", ex._variant_views(variant)).items() if c is not None}
+    return {i: c for i, c in ex._op_chains(variant, "train", ex._variant_views(variant)).items() if c is not None}
 
 
 @pytest.mark.parametrize("name, hwc, batch", ZOO, ids=[m[0] for m in ZOO])
