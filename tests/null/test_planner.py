@@ -177,9 +177,11 @@ class Draw:
         if kind == "add2":
             main, y = self.body4(x, depth - 1, preserve, exact)
             return add2(self.shortcut(x, y, main, depth), main), y
-        if kind == "repeat":
-            body, y = self.body4(x, depth - 1, preserve=True, exact=exact)
-            return repeat(body, self.draw(st.integers(1, 3))), y
+        if kind == "repeat":   # a body repeated must map its input to itself: with `preserve` alone, a body whose
+            # first node was drawn for x (an add2 whose shortcut keeps x's channels) met its own output the second time
+            times = self.draw(st.integers(1, 3))
+            body, y = self.body4(x, depth - 1, preserve=True, exact=exact or times > 1)
+            return repeat(body, times), y
         body, y = self.body4(x, depth - 1, preserve, exact)
         return named(self.name(), body), y
 
