@@ -262,18 +262,43 @@ def _same(a, b):
     return _bytes(a) == _bytes(b)
 
 
+def _sole_reader(plan, graph):
+    """``only_input_of_next(tid, i)``: whether tensor ``tid``, written by op ``i`` of ``graph``, is no io tensor and
+    no op but the next (a forward op) touches it, backward ops included."""
+    ops = plan.graphs[graph].ops
+    touched = lifetimes(plan.graphs[graph])   # tensor -> (first, last) op index
+    io = set(plan.io.values())
+
+    def only_input_of_next(tid, i):
+        return touched.get(tid) == (i, i + 1) and tid not in io and ops[i + 1].direction == "forward"
+    return only_input_of_next
+
+
+def _add_relu_after(ops, only_input_of_next, out, i):
+    """The residual add and then ReLU that a chain takes after op ``i`` (output ``out``), each where the value it
+    reads is only its input: ``(absorbed op indices, the chain's output, the residual or None, relu)``."""
+    absorbed, residual, relu, j = [], None, False, i + 1
+    if only_input_of_next(out, i) and ops[j].kind == Prim.ADD.value:
+        a, b = ops[j].read(Role.A), ops[j].read(Role.B)
+        if out in (a, b) and a != b:
+            residual = b if a == out else a
+            absorbed.append(j)
+            out, j = ops[j].written(Role.Y), j + 1
+    if j < len(ops) and only_input_of_next(out, j - 1) and ops[j].kind == Prim.RELU.value \
+            and ops[j].read(Role.X) == out:
+        relu = True
+        absorbed.append(j)
+        out = ops[j].written(Role.Y)
+    return absorbed, out, residual, relu
+
+
 def _find_chains(plan, graph, views) -> dict:
     """The chains ``conv -> bn [-> add] [-> relu]`` of consecutive forward ops of an eval graph whose
     intermediate values only the next op reads, and whose output (in ``views``) is either the convolution's
     output or disjoint from it, and either the residual or disjoint from it. Its `_Chain.mode` says how the
     epilogue reaches that output."""
     ops = plan.graphs[graph].ops
-    touched = lifetimes(plan.graphs[graph])   # tensor -> (first, last) op index
-    io = set(plan.io.values())
-
-    def only_input_of_next(tid, i):   # written by op i, and no op but the next (a forward op) touches it
-        return touched.get(tid) == (i, i + 1) and tid not in io and ops[i + 1].direction == "forward"
-
+    only_input_of_next = _sole_reader(plan, graph)
     chains = {}
     for i, op in enumerate(ops):
         layer = plan.arch.layers[op.layer] if op.layer >= 0 else None
@@ -284,17 +309,8 @@ def _find_chains(plan, graph, views) -> dict:
         bn = ops[i + 1]
         if bn.kind != Prim.BN2D.value or bn.attr("training") or bn.read(Role.X) != op.written(Role.Y):
             continue
-        absorbed, out, residual, relu, j = [i + 1], bn.written(Role.Y), None, False, i + 2
-        if only_input_of_next(out, i + 1) and ops[j].kind == Prim.ADD.value:
-            a, b = ops[j].read(Role.A), ops[j].read(Role.B)
-            if out in (a, b) and a != b:
-                residual = b if a == out else a
-                absorbed.append(j)
-                out, j = ops[j].written(Role.Y), j + 1
-        if only_input_of_next(out, j - 1) and ops[j].kind == Prim.RELU.value and ops[j].read(Role.X) == out:
-            relu = True
-            absorbed.append(j)
-            out = ops[j].written(Role.Y)
+        tail, out, residual, relu = _add_relu_after(ops, only_input_of_next, bn.written(Role.Y), i + 1)
+        absorbed = [i + 1] + tail
         y, final, x, weight = views[op.written(Role.Y)], views[out], views[op.read(Role.X)], views[op.read(Role.WEIGHT)]
         col = op.written(Role.COL)
         used = 0 if col is None else K.forward_workspace_used(x.shape, weight.shape, layer.param("stride"),
@@ -343,28 +359,12 @@ def _find_train_chains(plan, graph, views) -> dict:
     whose intermediate values no other op of the graph reads, whose output is disjoint from BatchNorm's input (which
     its backward reads) and either the residual or disjoint from it."""
     ops = plan.graphs[graph].ops
-    touched = lifetimes(plan.graphs[graph])
-    io = set(plan.io.values())
-
-    def only_input_of_next(tid, i):
-        return touched.get(tid) == (i, i + 1) and tid not in io and ops[i + 1].direction == "forward"
-
+    only_input_of_next = _sole_reader(plan, graph)
     chains = {}
     for i, op in enumerate(ops[:-1]):
         if op.kind != Prim.BN2D.value or op.direction != "forward" or not op.attr("training"):
             continue
-        absorbed, out, residual, relu, j = [], op.written(Role.Y), None, False, i + 1
-        if only_input_of_next(out, i) and ops[j].kind == Prim.ADD.value:
-            a, b = ops[j].read(Role.A), ops[j].read(Role.B)
-            if out in (a, b) and a != b:
-                residual = b if a == out else a
-                absorbed.append(j)
-                out, j = ops[j].written(Role.Y), j + 1
-        if j < len(ops) and only_input_of_next(out, j - 1) and ops[j].kind == Prim.RELU.value \
-                and ops[j].read(Role.X) == out:
-            relu = True
-            absorbed.append(j)
-            out = ops[j].written(Role.Y)
+        absorbed, out, residual, relu = _add_relu_after(ops, only_input_of_next, op.written(Role.Y), i)
         final = views[out]
         if not absorbed or _overlap(final, views[op.read(Role.X)]) or (
                 residual is not None and _overlap(final, views[residual]) and not _same(final, views[residual])):
