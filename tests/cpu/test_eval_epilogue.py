@@ -8,7 +8,6 @@ unchanged, in the arena (where some chains' outputs overlap what the convolution
 buffers."""
 import collections
 
-import numba
 import numpy as np
 import pytest
 
@@ -16,7 +15,6 @@ from blueprint import zoo
 from blueprint.optim import CrossEntropyLoss
 from cpu_ref import CpuExecutor
 from cpu_ref import _conv as C
-from cpu_ref import _misc
 from cpu_ref import kernels as K
 from planner import ArchPlan
 from planner.compiler import Compiler
@@ -56,21 +54,6 @@ def _one_by_one(x, w, bn, residual, col, y_shape, algorithms, s, p, add, relu):
     if relu:
         K.activation_forward(Prim.RELU, z.reshape(-1), z.reshape(-1))
     return z
-
-
-@pytest.fixture(params=["serial", "thread pool"])
-def pool(request, monkeypatch):
-    """Serially, or with every kernel on the thread pool (two threads where numba has them)."""
-    if request.param == "thread pool":
-        if numba.config.NUMBA_NUM_THREADS < 2:
-            pytest.skip("numba's pool has one thread here (NUMBA_NUM_THREADS=1): nothing runs concurrently")
-        monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 0)
-        previous = numba.get_num_threads()
-        numba.set_num_threads(2)
-        yield
-        numba.set_num_threads(previous)
-    else:
-        yield
 
 
 @pytest.mark.parametrize("algorithm, xs, ws, s, p", CASES, ids=[f"{c[0]}-{c[1][0] * c[1][1] * c[1][2]}" for c in CASES])

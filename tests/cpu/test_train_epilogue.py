@@ -5,7 +5,6 @@ residual, with few and many channels, NaN and infinities included, serially and 
 executor's chains (``train_epilogues``) leave every zoo model's training steps unchanged (losses, parameters,
 gradients, optimizer state, running statistics), in the arena and with separate buffers. A chain whose output
 would overlap BatchNorm's input (which its backward reads) is not taken."""
-import numba
 import numpy as np
 import pytest
 
@@ -13,29 +12,12 @@ from blueprint import zoo
 from blueprint.optim import SGD
 from cpu_ref import CpuExecutor
 from cpu_ref import _executor as E
-from cpu_ref import _misc
 from cpu_ref import kernels as K
-from planner import ArchPlan
-from planner.compiler import Compiler
 from planner.ops import Prim
 from planner.plan import Role
+from tests.cpu.test_eval_epilogue import _zoo_plan
 
 F32 = np.float32
-
-
-@pytest.fixture(params=["serial", "thread pool"])
-def pool(request, monkeypatch):
-    """Serially, or with every kernel on the thread pool (two threads where numba has them)."""
-    if request.param == "thread pool":
-        if numba.config.NUMBA_NUM_THREADS < 2:
-            pytest.skip("numba's pool has one thread here (NUMBA_NUM_THREADS=1): nothing runs concurrently")
-        monkeypatch.setattr(_misc, "PARALLEL_MIN_ELEMENTS", 0)
-        previous = numba.get_num_threads()
-        numba.set_num_threads(2)
-        yield
-        numba.set_num_threads(previous)
-    else:
-        yield
 
 
 def _bn_inputs(m, c, seed=0):
@@ -81,11 +63,6 @@ ZOO = [("resnet20", (16, 16, 3), 4), ("resnet18", (32, 32, 3), 2), ("resnet50", 
        ("mobilenet_v2", (32, 32, 3), 4)]
 
 
-def _plan(name, shape):
-    return Compiler(ArchPlan.from_blueprint(zoo.MODELS[name].build(), in_channels=shape[3])).compile(
-        {"train": shape, "eval": shape}, optimizer_state_slots=1)
-
-
 def _train_chains(ex, shape):
     variant = ex._variant_for(shape, "train")
     return {i: c for i, c in ex._op_chains(variant, "train", ex._variant_views(variant)).items() if c is not None}
@@ -96,7 +73,7 @@ def _train_chains(ex, shape):
 def test_the_chains_leave_every_zoo_models_training_steps_unchanged(name, hwc, batch, separate):
     entry = zoo.MODELS[name]
     shape = (batch, *hwc)
-    plan = _plan(name, shape)
+    plan = _zoo_plan(name, shape)
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(shape).astype(F32), rng.integers(0, entry.num_classes, batch)
     results = []
@@ -124,7 +101,7 @@ def test_the_zoo_exercises_each_kind_of_chain():
     kinds = set()
     for name, hwc, batch in ZOO:
         shape = (batch, *hwc)
-        kinds.update((c.residual is not None, c.relu) for c in _train_chains(CpuExecutor(_plan(name, shape)), shape)
+        kinds.update((c.residual is not None, c.relu) for c in _train_chains(CpuExecutor(_zoo_plan(name, shape)), shape)
                      .values())
     assert kinds == {(False, True), (True, False), (True, True)}, kinds
 
@@ -132,7 +109,7 @@ def test_the_zoo_exercises_each_kind_of_chain():
 def test_no_chain_writes_over_batchnorms_input():
     """Where a chain's output would lie over BatchNorm's input (which its backward reads), the chain is not taken."""
     shape = (4, 16, 16, 3)
-    plan = _plan("resnet20", shape)
+    plan = _zoo_plan("resnet20", shape)
     ex = CpuExecutor(plan)
     views = dict(ex._variant_views("train"))
     chains = E._find_train_chains(plan, "train", views)
@@ -148,7 +125,7 @@ def test_no_chain_takes_a_value_another_op_reads(add, monkeypatch):
     """Where another op (a backward one, say) also reads BatchNorm's output, the chain that would leave it unwritten
     is not taken."""
     shape = (4, 16, 16, 3)
-    plan = _plan("resnet20", shape)
+    plan = _zoo_plan("resnet20", shape)
     views = CpuExecutor(plan)._variant_views("train")
     ops = plan.graphs["train"].ops
     head = next(i for i, c in E._find_train_chains(plan, "train", views).items()

@@ -57,6 +57,7 @@ ALLOWED = {
     "planner._expand": "a compiled (Cython) module: its name stays; tests and benchmarks load its source beside it",
     "planner._memory": "a compiled (Cython) module: its name stays; tests and benchmarks load its source beside it",
     "tests.cuda.test_mma_conv._forward": "one test file reuses another's forward helper",
+    "tests.cpu.test_eval_epilogue._zoo_plan": "one test file reuses another's zoo plan (train and eval variants)",
     "tests.cuda.test_mma_conv._dgrad": "one test file reuses another's input-gradient helper",
 }
 
