@@ -6,12 +6,13 @@ into several patches, for a quarter of the outputs) the copy and the packing of 
 cost more than the multiply-adds. Here a block of ``PIXELS`` output pixels of one output row,
 all ``Cout`` channels, stays in vector registers (`cpu_ref._simd`: output channels in the lanes)
 while the kernel walks the taps and input channels: each input value is one broadcast
-multiply-add per pixel and each weight vector is loaded once per block. Pixels whose window
-leaves the image (the borders) are done one at a time over their valid taps.
+multiply-add per pixel and each weight vector is loaded once per block. At the borders a tap
+updates only the block's pixels whose window holds it; the stride is a constant of each compiled kernel.
 
-The input gradient (input channels in the lanes, blocks of pixels of one phase of the stride) and the
-weight gradient (blocks of input channels x all output channels of one tap, summed per partition of the
-samples) follow the same pattern. Which layers come here is a rule of the shapes recorded in the plan
+The input gradient (input channels in the lanes) is, with stride 1, the same forward kernel on the output
+gradient with the weight turned; strided, blocks of pixels of one phase of the stride. The weight gradient
+(blocks of input channels x all output channels of one tap, summed per partition of the samples) follows
+the same pattern. Which layers come here is a rule of the shapes recorded in the plan
 (`planner.conv_algorithm`), never a timing, so results do not depend on the machine's load. The forward
 and the input gradient split their output rows between threads; each element is computed by one thread
 in one fixed order, so the result does not depend on the thread count (the weight gradient's does, as
@@ -27,72 +28,86 @@ from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
 from planner.conv_algorithm import FEW_INPUT_CHANNELS, block_floats
 
-#: Floats of weight-gradient block in registers: its inner loop does ``rows`` broadcast loads of ``x`` and one
-#: vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs per load. 8 zmm of AVX-512's 32
-#: (32->32 layers ran 1.8x faster than with 4); AVX2's 16 ymm hold the 64-float block and the ``dy`` vectors.
-WGRAD_BLOCK_FLOATS = 128 if VECTOR_REGISTERS == 32 else 64
+#: Floats of weight-gradient block in registers, as the forward's (`block_floats`): its inner loop does ``rows``
+#: broadcast loads of ``x`` and one vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does more FMAs
+#: per load (AVX-512: 32->32 layers ran 1.8x faster with 8 zmm than with 4).
+WGRAD_BLOCK_FLOATS = block_floats(VECTOR_REGISTERS)
 
 
 @functools.cache
-def _kernels(cout):
-    pixels = max(1, block_floats(cout, VECTOR_REGISTERS) // cout)
-    alloc, zero, fma, store, _ = vector_block(cout, pixels)
+def _kernels(cout, stride):
+    """The forward's ``(span, parallel)`` for ``cout`` output channels and a stride of ``stride``, a constant of the
+    compiled code (the border arithmetic's divisions by it fold away)."""
+    pixels = max(1, block_floats(VECTOR_REGISTERS) // cout)
+    alloc, zero, fma, store, load = vector_block(cout, pixels)
+    s = stride
 
     @njit
-    def span(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts):
-        """Output rows ``r = n*OH + oh`` of partition ``t``; ``wk`` is the weight as ``(KH, KW, Cin, Cout)``.
-        With an epilogue (``ep_*``, as `cpu_ref._conv._gemm_span` takes it), each output row, written to its
-        row of ``y`` (with ``ep_scratch``, to the partition's first row, again and again), goes through it to
-        ``ep_out``."""
+    def span(x, wk, y, p, accumulate, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts):
+        """Output rows ``r = n*OH + oh`` of partition ``t``; ``wk`` is the weight as ``(KH, KW, Cin, Cout)``;
+        ``accumulate``: add into what ``y`` holds (without an epilogue only). With an epilogue (``ep_*``, as
+        `cpu_ref._conv._gemm_span` takes it), each output row, written to its row of ``y`` (with ``ep_scratch``,
+        to the partition's first row, again and again), goes through it to ``ep_out``.
+
+        A block is ``pixels`` consecutive output pixels of a row. Where every tap of the block is inside the
+        input, a kernel row's ``KW*Cin`` (column, channel) pairs lie side by side in ``x`` and in ``wk`` alike,
+        and one loop walks them; at the borders (and in a row's last, short block) each tap's loop updates only
+        the pixels whose window holds it. Either way a pixel sums its taps in the same order."""
         n_, h, w, c = x.shape
         kh, kw = wk.shape[0], wk.shape[1]
         _, oh_, ow_, _ = y.shape
         xf, wf, yf = x.reshape(-1), wk.reshape(-1), y.reshape(-1)
         y2d = y.reshape(-1, cout)
         block = alloc()
-        inner_lo = (p + s - 1) // s                            # first output column whose window is inside
-        inner_hi = max(inner_lo, min(ow_, (w - kw + p) // s + 1))
+        run = uint64(kw * c)
         r0, r1 = partition(n_ * oh_, t, nparts)
         for r in range(r0, r1):
             n, oh = r // oh_, r % oh_
             src = r0 if ep_scratch else r
             y_row = uint64(src * ow_ * cout)
-            ow = 0
-            while ow < ow_:
-                whole = inner_lo <= ow and ow + pixels <= inner_hi
+            for ow in range(0, ow_, pixels):
+                last = min(pixels, ow_ - ow)                 # the block's pixels inside the row
                 for q in range(pixels):
-                    zero(block, q)
+                    if accumulate and q < last:
+                        load(block, q, yf, y_row + uint64((ow + q) * cout))
+                    else:
+                        zero(block, q)
+                inside = last == pixels and ow * s >= p and (ow + pixels - 1) * s - p + kw <= w
                 for i in range(kh):
                     ih = oh * s - p + i
                     if ih < 0 or ih >= h:
                         continue
+                    x_i = ((n * h + ih) * w + ow * s - p) * c       # pixel 0's tap 0 (before the row when < 0)
+                    w_i = uint64(i * kw * c * cout)
+                    if inside:
+                        for e in range(run):
+                            wi = w_i + e * uint64(cout)
+                            for q in range(pixels):
+                                fma(block, q, xf[uint64(x_i + q * s * c) + e], wf, wi)
+                        continue
                     for j in range(kw):
-                        w_tap = uint64((i * kw + j) * c * cout)
-                        if whole:
-                            x_tap = uint64(((n * h + ih) * w + ow * s - p + j) * c)
-                            for ci in range(uint64(c)):
-                                wi = w_tap + ci * uint64(cout)
-                                for q in range(pixels):
-                                    fma(block, q, xf[x_tap + uint64(q * s * c) + ci], wf, wi)
-                        else:
-                            iw = ow * s - p + j
-                            if iw < 0 or iw >= w:
-                                continue
-                            x_tap = uint64(((n * h + ih) * w + iw) * c)
-                            for ci in range(uint64(c)):
-                                fma(block, 0, xf[x_tap + ci], wf, w_tap + ci * uint64(cout))
-                done = pixels if whole else 1
+                        # the pixels q whose tap j is inside the row: 0 <= (ow + q)*s - p + j < w
+                        q_lo = max(0, (p - j - ow * s + s - 1) // s)
+                        q_hi = min(last, (w - 1 + p - j) // s - ow + 1)
+                        if q_lo >= q_hi:
+                            continue
+                        x_tap = x_i + j * c
+                        w_tap = w_i + uint64(j * c * cout)
+                        for ci in range(uint64(c)):
+                            wi = w_tap + ci * uint64(cout)
+                            for q in range(pixels):
+                                if q_lo <= q < q_hi:
+                                    fma(block, q, xf[uint64(x_tap + q * s * c) + ci], wf, wi)
                 for q in range(pixels):
-                    if q < done:
+                    if q < last:
                         store(block, q, yf, y_row + uint64((ow + q) * cout))
-                ow += done
             if ep_out.shape[0] > 0:
                 apply_rows(y2d, src * ow_, ep_out, r * ow_, (r + 1) * ow_, ep_scale, ep_shift, ep_residual, ep_relu)
 
     @njit(parallel=True)
-    def parallel(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, nparts):
+    def parallel(x, wk, y, p, accumulate, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, nparts):
         for t in prange(nparts):
-            span(x, wk, y, s, p, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts)
+            span(x, wk, y, p, accumulate, ep_scale, ep_shift, ep_residual, ep_relu, ep_out, ep_scratch, t, nparts)
 
     return span, parallel
 
@@ -101,25 +116,28 @@ def direct_forward(x, w, y, stride, pad, work, epilogue=NONE):
     """``y = conv2d(x, w)`` (groups 1), or with an `cpu_ref._epilogue.Epilogue`, its result in
     ``epilogue.out``; no workspace. ``work``: its size in elementwise units, for `run_split`'s choice of the
     thread pool."""
-    span, parallel = _kernels(w.shape[0])
-    run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, stride, pad, *epilogue)
+    span, parallel = _kernels(w.shape[0], stride)
+    run_split(span, parallel, work, x, np.ascontiguousarray(w.transpose(1, 2, 3, 0)), y, pad, False, *epilogue)
 
 
 # ---------------------------------------------------------------------------- backward: input and weight gradient
 
 @functools.cache
-def _input_grad_kernels(cin):
-    pixels = max(1, block_floats(cin, VECTOR_REGISTERS) // cin)
+def _input_grad_kernels(cin, stride):
+    """The strided input gradient's ``(span, parallel)`` (`direct_input_grad`), ``stride`` a constant as in
+    `_kernels`."""
+    pixels = max(1, block_floats(VECTOR_REGISTERS) // cin)
     alloc, zero, fma, store, load = vector_block(cin, pixels)
+    s = stride
 
     @njit
-    def span(dy, wk, dx, s, p, accumulate, t, nparts):
+    def span(dy, wk, dx, p, accumulate, t, nparts):
         """Rows ``r = n*H + ih`` of ``dx`` in partition ``t``; ``wk`` is the weight as ``(KH, KW, Cout, Cin)``.
 
         Input pixel ``iw`` receives tap ``j`` from output column ``(iw + p - j) / s`` where that divides
         evenly; the pixels ``iw, iw + s, iw + 2s, ...`` of one phase ``iw % s`` share their taps and read
-        consecutive output columns, so a block takes ``pixels`` of them. A block any of whose taps would
-        read outside ``dy`` (the borders) is done one pixel at a time over its valid taps."""
+        consecutive output columns, so a block takes ``pixels`` of them. At the borders (and in a phase's last,
+        short block) each tap's loop updates only the pixels whose column it reaches."""
         n_, h, w, c = dx.shape
         kh, kw, cout = wk.shape[0], wk.shape[1], wk.shape[2]
         _, oh_, ow_, _ = dy.shape
@@ -130,17 +148,15 @@ def _input_grad_kernels(cin):
             n, ih = r // h, r % h
             dx_row = r * w * c
             for phase in range(min(s, w)):
-                iw = phase
-                while iw < w:
-                    whole = (iw + (pixels - 1) * s < w and iw + p - (kw - 1) >= 0
-                             and (iw + p) // s + pixels - 1 < ow_)
-                    done = pixels if whole else 1
+                count = (w - phase + s - 1) // s                 # the phase's pixels in the row
+                for b in range(0, count, pixels):
+                    iw = phase + b * s
+                    last = min(pixels, count - b)
                     for q in range(pixels):
-                        if q < done:
-                            if accumulate:
-                                load(block, q, dxf, uint64(dx_row + (iw + q * s) * c))
-                            else:
-                                zero(block, q)
+                        if accumulate and q < last:
+                            load(block, q, dxf, uint64(dx_row + (iw + q * s) * c))
+                        else:
+                            zero(block, q)
                     for i in range(kh):
                         u = ih + p - i
                         if u < 0 or u % s != 0 or u // s >= oh_:
@@ -148,27 +164,33 @@ def _input_grad_kernels(cin):
                         dy_row = (n * oh_ + u // s) * ow_
                         for j in range(kw):
                             v = iw + p - j
-                            if v < 0 or v % s != 0 or v // s >= ow_:
+                            if v % s != 0:
                                 continue
-                            dy_at = uint64((dy_row + v // s) * cout)
+                            o = v // s                          # pixel q reads output column o + q
+                            q_lo, q_hi = max(0, -o), min(last, ow_ - o)
+                            if q_lo >= q_hi:
+                                continue
+                            dy_at = (dy_row + o) * cout
                             w_tap = uint64((i * kw + j) * cout * c)
-                            if whole:
+                            if q_lo == 0 and q_hi == pixels:
                                 for co in range(uint64(cout)):
                                     wi = w_tap + co * uint64(c)
                                     for q in range(pixels):
-                                        fma(block, q, dyf[dy_at + uint64(q * cout) + co], wf, wi)
+                                        fma(block, q, dyf[uint64(dy_at + q * cout) + co], wf, wi)
                             else:
                                 for co in range(uint64(cout)):
-                                    fma(block, 0, dyf[dy_at + co], wf, w_tap + co * uint64(c))
+                                    wi = w_tap + co * uint64(c)
+                                    for q in range(pixels):
+                                        if q_lo <= q < q_hi:
+                                            fma(block, q, dyf[uint64(dy_at + q * cout) + co], wf, wi)
                     for q in range(pixels):
-                        if q < done:
+                        if q < last:
                             store(block, q, dxf, uint64(dx_row + (iw + q * s) * c))
-                    iw += done * s
 
     @njit(parallel=True)
-    def parallel(dy, wk, dx, s, p, accumulate, nparts):
+    def parallel(dy, wk, dx, p, accumulate, nparts):
         for t in prange(nparts):
-            span(dy, wk, dx, s, p, accumulate, t, nparts)
+            span(dy, wk, dx, p, accumulate, t, nparts)
 
     return span, parallel
 
@@ -288,12 +310,27 @@ def _folded_weight_grad_kernels(cout):
     return span, _weight_grad_parallel(span)
 
 
+def input_grad_kernel(dy, w, dx, stride, pad, accumulate):
+    """``(span, parallel, args)``: the kernel of `direct_input_grad` and its arguments before ``t, nparts``.
+
+    With stride 1 the input gradient is the forward convolution of ``dy`` by the weight turned 180 degrees with
+    its channels swapped, padded by ``KH - 1 - pad``: `_kernels`' forward, input channels in the lanes. Strided
+    (or a non-square window, or padding as wide as it), `_input_grad_kernels`."""
+    _, kh, kw, cin = w.shape
+    if stride == 1 and kh == kw and pad < kh:
+        span, parallel = _kernels(cin, 1)
+        turned = np.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))
+        return span, parallel, (dy, turned, dx, kh - 1 - pad, accumulate, *NONE)
+    span, parallel = _input_grad_kernels(cin, stride)
+    return span, parallel, (dy, np.ascontiguousarray(w.transpose(1, 2, 0, 3)), dx, pad, accumulate)
+
+
 def direct_input_grad(dy, w, dx, stride, pad, accumulate, work):
     """``dx`` (overwritten, or added into when ``accumulate``) of a convolution (groups 1);
     no workspace. Each ``dx`` element is summed by one thread in one fixed order: the result does not
     depend on the thread count."""
-    span, parallel = _input_grad_kernels(w.shape[3])
-    run_split(span, parallel, work, dy, np.ascontiguousarray(w.transpose(1, 2, 0, 3)), dx, stride, pad, accumulate)
+    span, parallel, args = input_grad_kernel(dy, w, dx, stride, pad, accumulate)
+    run_split(span, parallel, work, *args)
 
 
 def direct_weight_grad(x, dy, w_shape, stride, pad, work):

@@ -26,10 +26,12 @@ import functools
 import os
 from typing import NamedTuple
 
-#: Floats of output block the direct kernels hold in registers: 4 zmm on AVX-512, 8 of AVX2's 16 ymm; at
-#: least ``MIN_BLOCK_PIXELS`` pixels, which with 32 vector registers allows 64 channels (8 zmm).
+#: Floats of output block the direct kernels hold in registers with 16 vector registers: 8 of AVX2's ymm ...
 BLOCK_FLOATS = 64
-#: The widest block (floats) a target with 32 vector registers holds.
+#: ... and with 32: 8 of AVX-512's zmm. Eight independent sums keep the multiply-adds' latency covered: with 4 zmm
+#: (64 floats), resnet20's 32->32 layers (batch 128, one thread, Zen 4) took 6.5 ms forward and 6.3-6.6 ms input
+#: gradient instead of 5.0-5.3 and 5.8; a pixel of 64 channels needs 4 zmm, so a block also holds
+#: ``MIN_BLOCK_PIXELS`` of them.
 WIDE_BLOCK_FLOATS = 128
 #: Output pixels (input channels, for the weight gradient) a block must hold for a direct kernel to be
 #: chosen: with one, every weight vector is loaded for a single pixel, and 64-channel layers ran slower
@@ -90,10 +92,10 @@ def target_vector_registers() -> int:
     return 32 if "+avx512f" in features.split(",") else 16
 
 
-def block_floats(channels: int, registers: int) -> int:
-    """Floats of a direct kernel's register block for ``channels`` lanes: ``BLOCK_FLOATS``, or with 32 registers
-    up to ``WIDE_BLOCK_FLOATS`` to hold ``MIN_BLOCK_PIXELS`` pixels."""
-    return min(max(BLOCK_FLOATS, channels * MIN_BLOCK_PIXELS), WIDE_BLOCK_FLOATS if registers >= 32 else BLOCK_FLOATS)
+def block_floats(registers: int) -> int:
+    """Floats of a direct kernel's register block on a target with ``registers`` vector registers:
+    ``WIDE_BLOCK_FLOATS`` with 32, else ``BLOCK_FLOATS``."""
+    return WIDE_BLOCK_FLOATS if registers >= 32 else BLOCK_FLOATS
 
 
 def _narrow(channels: int, registers: int) -> bool:
@@ -101,15 +103,13 @@ def _narrow(channels: int, registers: int) -> bool:
     of them per block. The kernels hold a pixel's channels as one vector of ``channels`` floats, which LLVM splits
     well only at a power of two: at 24, 40, 48 and 56 channels the direct forward ran 3.4-3.7x slower than im2col +
     GEMM and the backward 3.1-4.8x (2 threads, AVX-512; at 24 with AVX2, 5.3x and 5.0x)."""
-    return channels >= 8 and channels & (channels - 1) == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(
-        channels, registers)
+    return channels >= 8 and channels & (channels - 1) == 0 and channels * MIN_BLOCK_PIXELS <= block_floats(registers)
 
 
 def _folded(cin: int, cout: int, registers: int) -> bool:
     """Few input channels, and few enough output channels for ``MIN_FOLDED_PAIRS`` pairs per weight-gradient block
-    (`cpu_ref._conv_direct.WGRAD_BLOCK_FLOATS`: the same floats as a forward block's bound)."""
-    block = WIDE_BLOCK_FLOATS if registers >= 32 else BLOCK_FLOATS
-    return cin < FEW_INPUT_CHANNELS and cout * MIN_FOLDED_PAIRS <= block
+    (`block_floats`, as the forward's)."""
+    return cin < FEW_INPUT_CHANNELS and cout * MIN_FOLDED_PAIRS <= block_floats(registers)
 
 
 def conv_algorithms(w_shape: tuple[int, int, int, int], stride: int, pad: int, groups: int,

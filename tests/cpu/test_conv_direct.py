@@ -1,8 +1,9 @@
 """The direct convolution forward (`cpu_ref._conv_direct`) against the numpy reference, at shapes that take
-every branch: a block of several pixels (8, 4, 2 or 1 per block for 8, 16, 32 and 64 output channels),
-the single pixels after the last whole block, both borders, rows cut off at the top and bottom, strides,
-no padding, a 5x5 window, a non-square image; the serial and thread-pool runs give the same bits; and the
-rule that sends a layer there."""
+every branch: blocks of several pixels (16, 8, 4 and 2 per block for 8, 16, 32 and 64 output channels with 32
+vector registers, half as many with 16) whose taps are all inside the row, blocks at both borders whose taps
+reach only some of their pixels, a row's last, short block, rows cut off at the top and bottom, strides, no
+padding, a 5x5 window, a non-square image; the serial and thread-pool runs give the same bits; and the rule
+that sends a layer there."""
 import numpy as np
 import pytest
 
@@ -25,6 +26,11 @@ CASES = [
     (2, 9, 10, 6, 16, 5, 2, 2),    # 5x5 window, two columns of border taps
     (1, 9, 9, 3, 16, 3, 2, 0),     # no padding: every pixel inside
     (1, 3, 3, 3, 16, 3, 1, 1),     # fewer columns than a block
+    # rows wide enough for blocks with every tap inside between the two border blocks, whatever the block
+    (1, 3, 37, 3, 8, 3, 1, 1),
+    (1, 4, 21, 5, 16, 3, 1, 1),
+    (1, 3, 19, 5, 32, 3, 2, 1),
+    (2, 3, 8, 4, 64, 3, 1, 1),
 ]
 
 
@@ -45,12 +51,12 @@ def test_direct_forward_matches_the_reference(n, h, w, cin, cout, k, s, p):
 @pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", CASES[:3])
 def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     x, wt = _inputs(n, h, w, cin, cout, k, seed=1)
-    span, parallel = D._kernels(cout)
+    span, parallel = D._kernels(cout, s)
     wk = np.ascontiguousarray(wt.transpose(1, 2, 3, 0))
     oh, ow = R.conv_output_size(h, k, s, p), R.conv_output_size(w, k, s, p)
     serial, pooled = np.empty((n, oh, ow, cout), F32), np.empty((n, oh, ow, cout), F32)
-    span(x, wk, serial, s, p, *NONE, 0, 1)
-    parallel(x, wk, pooled, s, p, *NONE, 3)
+    span(x, wk, serial, p, False, *NONE, 0, 1)
+    parallel(x, wk, pooled, p, False, *NONE, 3)
     assert serial.tobytes() == pooled.tobytes()
 
 
@@ -118,11 +124,13 @@ def test_conv2d_forward_takes_the_direct_path_without_a_workspace():
 
 BACKWARD_CASES = [
     # n, h, w, cin, cout, k, stride, pad
-    (2, 7, 9, 16, 16, 3, 1, 1),    # 4-pixel dx blocks, 9 = 2 blocks + 1 single pixel; both borders
+    (2, 7, 9, 16, 16, 3, 1, 1),    # stride 1: dx by the forward kernel (8-pixel blocks, 4 with 16 registers)
+    (1, 4, 21, 16, 8, 3, 1, 1),    # ... a row wide enough for a block with every tap inside
+    (1, 3, 37, 16, 16, 3, 2, 1),   # stride 2: phases of 19 and 18 pixels, whole and short blocks
     (1, 9, 9, 16, 32, 3, 2, 1),    # stride 2, odd input: two phases of 5 and 4 pixels
-    (1, 8, 6, 32, 32, 3, 2, 1),    # stride 2, even input; 2-pixel dx blocks, 2-channel dw blocks
+    (1, 8, 6, 32, 32, 3, 2, 1),    # stride 2, even input; 2-pixel dx blocks (4 with 32 registers)
     (3, 5, 5, 32, 16, 3, 1, 1),    # 32 input channels in the lanes of dx; 4-channel dw blocks
-    (1, 10, 11, 8, 8, 5, 2, 2),    # 5x5 window, 8-wide lanes, 8-pixel blocks
+    (1, 10, 11, 8, 8, 5, 2, 2),    # 5x5 window, 8-wide lanes, 8-pixel blocks (16 with 32 registers)
     (2, 9, 9, 8, 16, 3, 2, 0),     # no padding: the last input row and column receive nothing
     (1, 3, 3, 16, 16, 3, 1, 1),    # fewer columns than a block
     (2, 7, 7, 3, 16, 3, 1, 1),     # the stem's weight gradient: 3 input channels, no whole block
@@ -168,11 +176,11 @@ def test_direct_weight_grad_matches_the_reference(n, h, w, cin, cout, k, s, p):
 @pytest.mark.parametrize("n,h,w,cin,cout,k,s,p", BACKWARD_CASES[:3])
 def test_the_backward_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     x, wt, dy, _, _ = _backward_inputs(n, h, w, cin, cout, k, s, p)
-    span, parallel = D._input_grad_kernels(cin)
-    wk = np.ascontiguousarray(wt.transpose(1, 2, 0, 3))
     serial, pooled = np.empty_like(x), np.empty_like(x)
-    span(dy, wk, serial, s, p, False, 0, 1)
-    parallel(dy, wk, pooled, s, p, False, 3)
+    span, _, args = D.input_grad_kernel(dy, wt, serial, s, p, False)
+    span(*args, 0, 1)
+    _, parallel, args = D.input_grad_kernel(dy, wt, pooled, s, p, False)
+    parallel(*args, 3)
     assert serial.tobytes() == pooled.tobytes()
     span, parallel = D._weight_grad_kernels(cout)
     serial, pooled = (np.zeros((2, k, k, cin, cout), F32) for _ in range(2))
