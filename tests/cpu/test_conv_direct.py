@@ -31,6 +31,7 @@ CASES = [
     (1, 4, 21, 5, 16, 3, 1, 1),
     (1, 3, 19, 5, 32, 3, 2, 1),
     (2, 3, 8, 4, 64, 3, 1, 1),
+    (2, 7, 9, 16, 32, 1, 2, 0),    # 1x1 strided (a shortcut)
 ]
 
 
@@ -75,7 +76,7 @@ def test_the_thread_pool_gives_the_same_bits(n, h, w, cin, cout, k, s, p):
     ((24, 3, 3, 24), 1, 1, 1, ("gemm", "gemm", "gemm")),         # whole vectors, but not a power of two of them
     ((24, 3, 3, 16), 2, 1, 1, ("gemm", "direct", "gemm")),
     ((16, 3, 3, 24), 1, 1, 1, ("direct", "gemm", "gemm")),
-    ((32, 1, 1, 16), 2, 0, 1, ("gemm", "gemm", "gemm")),         # 1x1 strided: no window to walk
+    ((32, 1, 1, 16), 2, 0, 1, ("direct", "direct", "direct")),   # 1x1 strided: im2col would copy every other pixel
     ((32, 1, 1, 16), 1, 0, 1, ("pointwise",) * 3),
     ((16, 3, 3, 1), 1, 1, 16, ("depthwise",) * 3),
     ((16, 3, 3, 4), 2, 1, 2, ("gemm", "gemm", "gemm")),          # grouped
@@ -91,7 +92,7 @@ def test_the_rule_takes_the_narrow_layers(w_shape, stride, pad, groups, algorith
     ((128, 3, 3, 64), 1, ("winograd", "direct", "gemm")),  # 128 channels: one pixel per block
     ((48, 3, 3, 48), 1, ("gemm", "gemm", "gemm")),        # 48 or 40 channels: not a power of two of vectors
     ((40, 3, 3, 64), 2, ("gemm", "direct", "gemm")),
-    ((64, 1, 1, 64), 2, ("gemm", "gemm", "gemm")),
+    ((64, 1, 1, 64), 2, ("direct", "direct", "direct")),  # 1x1 strided
     ((64, 7, 7, 3), 2, ("direct", "gemm", "gemm")),       # resnet50's stem: 2 pairs per dW block, GEMM
     ((32, 3, 3, 3), 1, ("direct", "gemm", "direct")),     # 4 pairs per dW block: folded
 ])
@@ -127,6 +128,7 @@ BACKWARD_CASES = [
     (2, 7, 9, 16, 16, 3, 1, 1),    # stride 1: dx by the forward kernel (8-pixel blocks, 4 with 16 registers)
     (1, 4, 21, 16, 8, 3, 1, 1),    # ... a row wide enough for a block with every tap inside
     (1, 3, 37, 16, 16, 3, 2, 1),   # stride 2: phases of 19 and 18 pixels, whole and short blocks
+    (2, 7, 9, 16, 32, 1, 2, 0),    # 1x1 strided: the odd input pixels receive nothing
     (1, 9, 9, 16, 32, 3, 2, 1),    # stride 2, odd input: two phases of 5 and 4 pixels
     (1, 8, 6, 32, 32, 3, 2, 1),    # stride 2, even input; 2-pixel dx blocks (4 with 32 registers)
     (3, 5, 5, 32, 16, 3, 1, 1),    # 32 input channels in the lanes of dx; 4-channel dw blocks

@@ -182,10 +182,10 @@ def test_every_unfused_convolution_records_its_cpu_algorithms(batch):
         ((16, 3, 3, 16), 1): ("direct", "direct", "direct"),
         ((32, 3, 3, 16), 2): ("direct", "direct", "direct"),
         ((32, 3, 3, 32), 1): ("direct", "direct", "direct"),
-        ((32, 1, 1, 16), 2): ("gemm", "gemm", "gemm"),
+        ((32, 1, 1, 16), 2): ("direct", "direct", "direct"),
         ((64, 3, 3, 32), 2): ("direct", "direct", "direct") if wide else ("gemm", "direct", "gemm"),
         ((64, 3, 3, 64), 1): winograd,
-        ((64, 1, 1, 32), 2): ("gemm", "gemm", "gemm"),
+        ((64, 1, 1, 32), 2): ("direct", "direct", "direct") if wide else ("gemm", "direct", "gemm"),
     }
     seen = 0
     for graph in plan.graphs.values():
@@ -223,6 +223,9 @@ def test_a_convolution_has_an_im2col_workspace_only_where_its_cpu_algorithm_is_g
                 want, phase = algorithms.weight_grad == "gemm" or (wants_dx and algorithms.input_grad == "gemm"), "b"
             assert (op.written(Role.COL) is not None) == want, (op.name, op.direction, algorithms)
             seen[phase] += want
-    assert seen["b"] and (seen["f"] or model == "mobilenet_v2"), seen   # (its one 3x3 groups-1 layer, the stem, is direct)
+    # resnet18's wide layers are im2col + GEMM's on any target; mobilenet_v2's one 3x3 groups-1 layer, the stem, is
+    # direct; resnet20's layers may all be direct (with 32 vector registers): it has none to require
+    required = {"resnet18": ("f", "b"), "mobilenet_v2": ("b",), "resnet20": ()}[model]
+    assert all(seen[phase] for phase in required), seen
     fused = compile_plan(model, True, True, 1)
     assert not [t.name for t in fused.tensors if ":col_" in t.name]
