@@ -28,18 +28,19 @@ from cpu_ref._misc import partition, partitions, run_partitioned, run_split
 from cpu_ref._simd import VECTOR_REGISTERS, vector_block
 from planner.conv_algorithm import FEW_INPUT_CHANNELS, block_floats
 
-#: Floats of every kernel's register block (`block_floats` of numba's target): a forward or input-gradient block
-#: holds ``BLOCK_FLOATS // channels`` pixels, a weight-gradient block as many input channels (its inner loop does
+#: Floats of every kernel's register block on numba's target (`block_floats`; `planner.conv_algorithm`'s
+#: ``BLOCK_FLOATS`` and ``WIDE_BLOCK_FLOATS`` are its two values): a forward or input-gradient block holds
+#: ``TARGET_BLOCK_FLOATS // channels`` pixels, a weight-gradient block as many input channels (its inner loop does
 #: ``rows`` broadcast loads of ``x`` and one vector load of ``dy`` per ``rows`` multiply-adds, so a taller block does
 #: more FMAs per load; AVX-512: 32->32 layers ran 1.8x faster with 8 zmm than with 4).
-BLOCK_FLOATS = block_floats(VECTOR_REGISTERS)
+TARGET_BLOCK_FLOATS = block_floats(VECTOR_REGISTERS)
 
 
 @functools.cache
 def _kernels(cout, stride):
     """The forward's ``(span, parallel)`` for ``cout`` output channels and a stride of ``stride``, a constant of the
     compiled code (the border arithmetic's divisions by it fold away)."""
-    pixels = max(1, BLOCK_FLOATS // cout)
+    pixels = max(1, TARGET_BLOCK_FLOATS // cout)
     alloc, zero, fma, store, load = vector_block(cout, pixels)
     s = stride
 
@@ -127,7 +128,7 @@ def direct_forward(x, w, y, stride, pad, work, epilogue=NONE):
 def _input_grad_kernels(cin, stride):
     """The strided input gradient's ``(span, parallel)`` (`direct_input_grad`), ``stride`` a constant as in
     `_kernels`."""
-    pixels = max(1, BLOCK_FLOATS // cin)
+    pixels = max(1, TARGET_BLOCK_FLOATS // cin)
     alloc, zero, fma, store, load = vector_block(cin, pixels)
     s = stride
 
@@ -208,7 +209,7 @@ def _weight_grad_parallel(span):
 
 @functools.cache
 def _weight_grad_kernels(cout):
-    rows = max(1, BLOCK_FLOATS // cout)
+    rows = max(1, TARGET_BLOCK_FLOATS // cout)
     alloc, zero, fma, store, load = vector_block(cout, rows)
 
     @njit
@@ -256,7 +257,7 @@ def _weight_grad_kernels(cout):
 
 @functools.cache
 def _folded_weight_grad_kernels(cout):
-    rows = max(1, BLOCK_FLOATS // cout)
+    rows = max(1, TARGET_BLOCK_FLOATS // cout)
     alloc, zero, fma, store, load = vector_block(cout, rows)
 
     @njit
